@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# xcaddy.sh — build Caddy with kvroute, run the demo, run the tests.
+#
+#   ./xcaddy.sh build   build ./caddy with the plugin (and nothing else)
+#   ./xcaddy.sh demo    build Caddy (plugin + benchmark-only peer policies), start a simulated
+#                       LLM fleet, replay a workload once per policy and print the comparison
+#   ./xcaddy.sh test    run the test suite (unit, caddytest integration, and the built binary)
+#
+# Everything it needs (xcaddy, benchstat) is installed with `go install`.
+set -euo pipefail
+cd "$(dirname "$0")"
+ROOT=$(pwd)
+MOD=github.com/kvroute/caddy-kvroute
+PSEUDO=v0.0.0-00010101000000-000000000000
+XCADDY_VERSION=${XCADDY_VERSION:-v0.4.5}
+CADDY_VERSION=${CADDY_VERSION:-v2.11.9}
+GOBIN=$(go env GOPATH)/bin
+export PATH="$GOBIN:$PATH"
+
+need_xcaddy() {
+	if ! command -v xcaddy >/dev/null 2>&1; then
+		echo "installing xcaddy $XCADDY_VERSION" >&2
+		go install "github.com/caddyserver/xcaddy/cmd/xcaddy@$XCADDY_VERSION"
+	fi
+}
+
+# xbuild OUTPUT MODULE=DIR... builds Caddy with the given local modules. The plain form
+# (--with MOD=DIR) works where the module proxy answers 404 for unknown modules; proxies that
+# answer 403 make xcaddy fail, so it falls back to the pseudo-version form.
+xbuild() {
+	local out=$1
+	shift
+	local plain=() pseudo=()
+	for w in "$@"; do
+		plain+=(--with "$w")
+		pseudo+=(--with "${w%%=*}@$PSEUDO=${w#*=}")
+	done
+	need_xcaddy
+	local log
+	log=$(mktemp)
+	if xcaddy build "$CADDY_VERSION" --output "$out" "${plain[@]}" >"$log" 2>&1; then
+		rm -f "$log"
+		return 0
+	fi
+	echo "xcaddy: plain --with failed (module proxy refused the local module?); retrying with a pseudo-version" >&2
+	if ! xcaddy build "$CADDY_VERSION" --output "$out" "${pseudo[@]}" >>"$log" 2>&1; then
+		cat "$log" >&2
+		rm -f "$log"
+		return 1
+	fi
+	rm -f "$log"
+}
+
+build() {
+	echo "building ./caddy with $MOD" >&2
+	xbuild "$ROOT/caddy" "$MOD=$ROOT"
+	"$ROOT/caddy" list-modules | grep -E 'kv_cache_aware|llm_prompt|admin.api.kvroute' >&2
+}
+
+build_demo() {
+	echo "building ./caddy-demo with $MOD and the benchmark-only peer policies" >&2
+	xbuild "$ROOT/caddy-demo" "$MOD=$ROOT" "$MOD/examples/peers=$ROOT/examples/peers"
+}
+
+cmd=${1:-}
+shift || true
+case "$cmd" in
+build)
+	build
+	;;
+demo)
+	if [ -d "$ROOT/examples/peers" ]; then
+		build_demo
+		CADDY_BIN="$ROOT/caddy-demo"
+	else
+		build
+		CADDY_BIN="$ROOT/caddy"
+	fi
+	go run ./examples/cmd/demo -caddy "$CADDY_BIN" "$@"
+	;;
+test)
+	build
+	export KVROUTE_CADDY="$ROOT/caddy"
+	go vet ./...
+	# -p 1: caddytest packages share the admin port 2999.
+	go test -race -p 1 -count 1 "$@" ./...
+	;;
+*)
+	sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'
+	exit 2
+	;;
+esac
