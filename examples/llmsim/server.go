@@ -1,0 +1,279 @@
+package llmsim
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"sync/atomic"
+	"time"
+)
+
+// Headers set on every response of a worker.
+const (
+	HeaderWorker       = "X-Kvsim-Worker"
+	HeaderCachedTokens = "X-Kvsim-Cached-Tokens"
+	HeaderPromptTokens = "X-Kvsim-Prompt-Tokens"
+)
+
+// Server is one simulated worker. It is an http.Handler; create it with New.
+type Server struct {
+	cfg     Config
+	cache   *BlockCache
+	slots   *slots // batch slots
+	prefill *slots // the compute prefills share
+	mux     *http.ServeMux
+	seq     atomic.Uint64
+	m       counters
+}
+
+// New returns a worker simulating cfg (zero fields take the defaults).
+func New(cfg Config) *Server {
+	cfg = cfg.withDefaults()
+	s := &Server{
+		cfg:     cfg,
+		cache:   NewBlockCache(cfg.CapacityBlocks),
+		slots:   newSlots(cfg.Slots),
+		prefill: newSlots(cfg.PrefillSlots),
+		mux:     http.NewServeMux(),
+	}
+	s.mux.HandleFunc("POST /v1/chat/completions", func(w http.ResponseWriter, r *http.Request) {
+		s.serveGenerate(w, r, true)
+	})
+	s.mux.HandleFunc("POST /v1/completions", func(w http.ResponseWriter, r *http.Request) {
+		s.serveGenerate(w, r, false)
+	})
+	s.mux.HandleFunc("GET /v1/models", s.serveModels)
+	s.mux.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) {})
+	s.mux.HandleFunc("GET /metrics", s.serveMetrics)
+	s.mux.HandleFunc("POST /reset", func(w http.ResponseWriter, r *http.Request) {
+		s.Reset()
+		w.Header().Set("Content-Type", "application/json")
+		io.WriteString(w, `{"status":"ok"}`+"\n")
+	})
+	return s
+}
+
+// Config returns the worker's config, defaults filled in.
+func (s *Server) Config() Config { return s.cfg }
+
+// ServeHTTP serves the OpenAI-compatible API.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set(HeaderWorker, s.cfg.Name)
+	s.mux.ServeHTTP(w, r)
+}
+
+// Reset empties the prefix cache and zeroes the counters. Running requests go on.
+func (s *Server) Reset() {
+	s.cache.Reset()
+	s.m.reset()
+}
+
+// Stats is a snapshot of a worker's counters.
+type Stats struct {
+	Requests         uint64 // requests served to the end
+	PromptTokens     uint64
+	CachedTokens     uint64
+	GenerationTokens uint64
+	Running, Waiting int
+	CacheBlocks      int
+	Evictions        uint64
+}
+
+// Stats returns the worker's counters since it started or was reset.
+func (s *Server) Stats() Stats {
+	running, waiting := s.slots.counts()
+	return Stats{
+		Requests:         s.m.requests.Load(),
+		PromptTokens:     s.m.promptTokens.Load(),
+		CachedTokens:     s.m.cachedTokens.Load(),
+		GenerationTokens: s.m.generationTokens.Load(),
+		Running:          running,
+		Waiting:          waiting,
+		CacheBlocks:      s.cache.Len(),
+		Evictions:        s.cache.Evictions(),
+	}
+}
+
+func (s *Server) serveModels(w http.ResponseWriter, r *http.Request) {
+	writeJSON(w, http.StatusOK, map[string]any{
+		"object": "list",
+		"data": []map[string]any{{
+			"id":       s.cfg.Model,
+			"object":   "model",
+			"created":  time.Now().Unix(),
+			"owned_by": "llmsim",
+		}},
+	})
+}
+
+// serveGenerate runs one request through the simulation: queue, prefix cache lookup, prefill,
+// cache insert, decode.
+func (s *Server) serveGenerate(w http.ResponseWriter, r *http.Request, chat bool) {
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.cfg.MaxBodyBytes))
+	if err != nil {
+		var tooLarge *http.MaxBytesError
+		if errors.As(err, &tooLarge) {
+			writeError(w, http.StatusRequestEntityTooLarge, err.Error())
+			return
+		}
+		writeError(w, http.StatusBadRequest, "reading body: "+err.Error())
+		return
+	}
+	j, err := parseJob(body, chat, s.cfg.DefaultMaxTokens)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, err.Error())
+		return
+	}
+	if j.model != "" && j.model != s.cfg.Model {
+		writeError(w, http.StatusNotFound, fmt.Sprintf("The model `%s` does not exist.", j.model))
+		return
+	}
+	p := NewPrompt(j.text, s.cfg.BlockTokens)
+
+	ctx := r.Context()
+	if err := s.slots.acquire(ctx); err != nil {
+		return // the client is gone
+	}
+	defer s.slots.release()
+	kvBlocks := int64((p.Tokens + j.maxTokens + s.cfg.BlockTokens - 1) / s.cfg.BlockTokens)
+	s.m.runningBlocks.Add(kvBlocks)
+	defer s.m.runningBlocks.Add(-kvBlocks)
+
+	clock := newSleeper()
+	defer clock.stop()
+	cached, ok := s.runPrefill(ctx, p, clock)
+	if !ok {
+		return
+	}
+
+	usage := Usage{
+		PromptTokens:        p.Tokens,
+		CompletionTokens:    j.maxTokens,
+		TotalTokens:         p.Tokens + j.maxTokens,
+		PromptTokensDetails: PromptTokensDetails{CachedTokens: cached},
+	}
+	h := w.Header()
+	h.Set(HeaderCachedTokens, strconv.Itoa(cached))
+	h.Set(HeaderPromptTokens, strconv.Itoa(p.Tokens))
+	g := generation{
+		job:   j,
+		id:    s.responseID(chat),
+		reply: replyText(uint64(p.Tokens)^uint64(len(j.text))<<32, j.maxTokens),
+		usage: usage,
+		clock: clock,
+	}
+	if j.stream {
+		ok = s.stream(ctx, w, g)
+	} else {
+		ok = s.respond(ctx, w, g)
+	}
+	if ok {
+		s.m.requests.Add(1)
+		s.m.generationTokens.Add(uint64(j.maxTokens))
+	}
+}
+
+// runPrefill waits for the prefill compute, looks the prompt up in the cache (when the
+// prefill starts, as vLLM's scheduler does: a request that waited behind another with the same
+// prefix hits what that one just computed), sleeps for the uncached tokens and inserts the
+// prompt's blocks. It returns the cached tokens, and false when the client went away.
+func (s *Server) runPrefill(ctx context.Context, p Prompt, clock *sleeper) (int, bool) {
+	if err := s.prefill.acquire(ctx); err != nil {
+		return 0, false
+	}
+	defer s.prefill.release()
+	cached := s.cache.Lookup(p)
+	s.m.promptTokens.Add(uint64(p.Tokens))
+	s.m.cachedTokens.Add(uint64(cached))
+	if !clock.sleep(ctx, s.cfg.scaled(time.Duration(p.Tokens-cached)*s.cfg.PrefillPerToken)) {
+		return cached, false
+	}
+	s.cache.Insert(p)
+	return cached, true
+}
+
+// generation is a request past its prefill: what remains is to send the reply.
+type generation struct {
+	job
+	id    string
+	reply string
+	usage Usage
+	clock *sleeper
+}
+
+func (s *Server) responseID(chat bool) string {
+	prefix := "cmpl-"
+	if chat {
+		prefix = "chatcmpl-"
+	}
+	return prefix + s.cfg.Name + "-" + strconv.FormatUint(s.seq.Add(1), 10)
+}
+
+// respond waits for the whole decode, then writes one JSON response.
+func (s *Server) respond(ctx context.Context, w http.ResponseWriter, g generation) bool {
+	if !g.clock.sleep(ctx, s.cfg.scaled(time.Duration(g.maxTokens-1)*s.cfg.DecodePerToken)) {
+		return false
+	}
+	finish := "length"
+	resp := response{ID: g.id, Created: time.Now().Unix(), Model: s.cfg.Model, Usage: &g.usage}
+	c := choice{FinishReason: &finish}
+	if g.chat {
+		resp.Object = "chat.completion"
+		c.Message = &chatMessage{Role: "assistant", Content: g.reply}
+	} else {
+		resp.Object = "text_completion"
+		c.Text = &g.reply
+	}
+	resp.Choices = []choice{c}
+	writeJSON(w, http.StatusOK, resp)
+	return true
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	json.NewEncoder(w).Encode(v)
+}
+
+func writeError(w http.ResponseWriter, status int, msg string) {
+	var e apiError
+	e.Error.Message = msg
+	e.Error.Code = status
+	switch status {
+	case http.StatusNotFound:
+		e.Error.Type = "NotFoundError"
+	default:
+		e.Error.Type = "BadRequestError"
+	}
+	writeJSON(w, status, e)
+}
+
+// sleeper sleeps on one reusable timer, and wakes early when the request's context ends.
+type sleeper struct{ t *time.Timer }
+
+func newSleeper() *sleeper {
+	t := time.NewTimer(time.Hour)
+	t.Stop()
+	return &sleeper{t: t}
+}
+
+// sleep waits d and reports whether ctx is still alive.
+func (s *sleeper) sleep(ctx context.Context, d time.Duration) bool {
+	if d <= 0 {
+		return ctx.Err() == nil
+	}
+	s.t.Reset(d)
+	select {
+	case <-s.t.C:
+		return true
+	case <-ctx.Done():
+		s.t.Stop()
+		return false
+	}
+}
+
+func (s *sleeper) stop() { s.t.Stop() }
