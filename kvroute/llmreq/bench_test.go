@@ -1,0 +1,137 @@
+package llmreq
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+)
+
+var words = strings.Fields(`the a of to and in is that for it as with was on be by this are or from at
+which an have not they but their has more one can all were other been its also when there if than
+model cache request server token prompt context memory latency throughput user assistant system
+answer question example function result value error data table file code line number string list`)
+
+// prose returns n bytes or so of English-like text with the escapes chat bodies carry: line
+// breaks, quotes, a tab, and now and then a non-ASCII character.
+func prose(r *rand.Rand, n int) string {
+	var sb strings.Builder
+	for sb.Len() < n {
+		sentence := 6 + r.IntN(14)
+		for i := range sentence {
+			w := words[r.IntN(len(words))]
+			switch {
+			case i == 0:
+				w = strings.ToUpper(w[:1]) + w[1:]
+			case r.IntN(40) == 0:
+				w = `"` + w + `"`
+			case r.IntN(60) == 0:
+				w = "café"
+			case r.IntN(200) == 0:
+				w = "naïve — 🙂"
+			}
+			if i > 0 {
+				sb.WriteByte(' ')
+			}
+			sb.WriteString(w)
+		}
+		sb.WriteByte('.')
+		switch r.IntN(8) {
+		case 0:
+			sb.WriteString("\n\n")
+		case 1:
+			sb.WriteString("\n\t- ")
+		default:
+			sb.WriteByte(' ')
+		}
+	}
+	return sb.String()
+}
+
+// chatBody returns an OpenAI chat body (or an Anthropic one, with content blocks) of about size
+// bytes: a system prompt and alternating turns.
+func chatBody(size int, anthropic bool) []byte {
+	r := rand.New(rand.NewPCG(uint64(size), 7))
+	type block struct {
+		Type string `json:"type"`
+		Text string `json:"text"`
+	}
+	type message struct { // clients write the role first
+		Role    string `json:"role"`
+		Content any    `json:"content"`
+	}
+	body := map[string]any{"model": "llama-3.1-8b-instruct", "max_tokens": 512, "stream": true, "temperature": 0.7}
+	var msgs []message
+	system := prose(r, 600)
+	if anthropic {
+		body["system"] = system
+	} else {
+		msgs = append(msgs, message{"system", system})
+	}
+	for i := 0; ; i++ {
+		role := []string{"user", "assistant"}[i%2]
+		text := prose(r, 200+r.IntN(1200))
+		var content any = text
+		if anthropic {
+			content = []block{{"text", text}}
+		}
+		msgs = append(msgs, message{role, content})
+		body["messages"] = msgs
+		b, _ := json.Marshal(body)
+		if len(b) >= size {
+			return b
+		}
+	}
+}
+
+func BenchmarkParse(b *testing.B) {
+	r := rand.New(rand.NewPCG(1, 2))
+	completion, _ := json.Marshal(map[string]any{"model": "m", "prompt": prose(r, 64<<10), "max_tokens": 16})
+	for _, bm := range []struct {
+		name      string
+		body      []byte
+		truncated bool
+	}{
+		{"chat/4KiB", chatBody(4<<10, false), false},
+		{"chat/64KiB", chatBody(64<<10, false), false},
+		{"chat/64KiB-truncated", chatBody(128<<10, false)[:64<<10], true},
+		{"anthropic/64KiB", chatBody(64<<10, true), false},
+		{"completion/64KiB", completion, false},
+	} {
+		if Parse(bm.body, bm.truncated).Format == None {
+			b.Fatalf("%s: not parsed", bm.name)
+		}
+		b.Run(bm.name, func(b *testing.B) {
+			b.SetBytes(int64(len(bm.body)))
+			b.ReportAllocs()
+			for b.Loop() {
+				Parse(bm.body, bm.truncated)
+			}
+		})
+	}
+}
+
+func BenchmarkReadBody(b *testing.B) {
+	body := chatBody(64<<10, false)
+	for _, cl := range []int64{int64(len(body)), -1} {
+		b.Run(fmt.Sprintf("64KiB/content-length=%d", cl), func(b *testing.B) {
+			b.SetBytes(int64(len(body)))
+			b.ReportAllocs()
+			r := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", nil)
+			src := bytes.NewReader(body)
+			for b.Loop() {
+				src.Reset(body)
+				r.Body, r.ContentLength = io.NopCloser(src), cl
+				if _, _, err := ReadBody(r, 4<<20); err != nil {
+					b.Fatal(err)
+				}
+				io.Copy(io.Discard, r.Body)
+			}
+		})
+	}
+}

@@ -1,0 +1,285 @@
+package llmreq
+
+import (
+	"bytes"
+	"errors"
+	"io"
+	"math"
+	"math/rand/v2"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"testing/iotest"
+)
+
+// source is an original request body: data in chunks of at most chunk bytes, then err (io.EOF
+// when nil).
+type source struct {
+	data   []byte
+	chunk  int
+	err    error
+	closed int
+	reads  int
+}
+
+func (s *source) Read(p []byte) (int, error) {
+	s.reads++
+	if len(s.data) == 0 {
+		if s.err != nil {
+			return 0, s.err
+		}
+		return 0, io.EOF
+	}
+	n := min(len(p), len(s.data))
+	if s.chunk > 0 {
+		n = min(n, s.chunk)
+	}
+	n = copy(p, s.data[:n])
+	s.data = s.data[n:]
+	return n, nil
+}
+
+func (s *source) Close() error { s.closed++; return nil }
+
+func payload(n int) []byte {
+	b := make([]byte, n)
+	r := rand.New(rand.NewPCG(uint64(n), 1))
+	for i := range b {
+		b[i] = byte(r.UintN(256))
+	}
+	return b
+}
+
+func TestReadBody(t *testing.T) {
+	const max = 1000
+	for _, tt := range []struct {
+		name          string
+		size          int
+		contentLength int64 // -2: the size
+		chunk         int
+		wantPrefix    int
+		wantTruncated bool
+	}{
+		{"empty", 0, -2, 0, 0, false},
+		{"small", 10, -2, 0, 10, false},
+		{"max-1", max - 1, -2, 0, max - 1, false},
+		{"max", max, -2, 0, max, false},
+		{"max+1", max + 1, -2, 0, max, true},
+		{"large", 100 * max, -2, 0, max, true},
+		{"chunked small", 10, -1, 3, 10, false},
+		{"chunked max", max, -1, 7, max, false},
+		{"chunked large", 100 * max, -1, 7, max, true},
+		{"one byte reads", 3 * max, -1, 1, max, true},
+		{"content length too small", 2 * max, 10, 0, max, true},
+		{"content length too large", 10, 1 << 40, 0, 10, false},
+		{"huge unknown", 1 << 20, -1, 0, max, true},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			data := payload(tt.size)
+			src := &source{data: bytes.Clone(data), chunk: tt.chunk}
+			r := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", nil)
+			r.Body = src
+			r.ContentLength = tt.contentLength
+			if tt.contentLength == -2 {
+				r.ContentLength = int64(tt.size)
+			}
+			cl := r.ContentLength
+
+			prefix, truncated, err := ReadBody(r, max)
+			if err != nil {
+				t.Fatalf("ReadBody: %v", err)
+			}
+			if len(prefix) != tt.wantPrefix || truncated != tt.wantTruncated {
+				t.Fatalf("ReadBody = %d bytes, truncated %v; want %d, %v", len(prefix), truncated, tt.wantPrefix, tt.wantTruncated)
+			}
+			if !bytes.Equal(prefix, data[:len(prefix)]) {
+				t.Fatal("prefix differs from the body's first bytes")
+			}
+			if r.ContentLength != cl {
+				t.Errorf("ContentLength changed from %d to %d", cl, r.ContentLength)
+			}
+			got, err := io.ReadAll(r.Body)
+			if err != nil || !bytes.Equal(got, data) {
+				t.Fatalf("restored body: %d bytes, err %v; want the %d original bytes", len(got), err, len(data))
+			}
+			if n, err := r.Body.Read(make([]byte, 10)); n != 0 || err != io.EOF {
+				t.Errorf("read after the end = %d, %v; want 0, EOF", n, err)
+			}
+			if err := r.Body.Close(); err != nil || src.closed != 1 {
+				t.Errorf("Close = %v, original closed %d times; want nil, 1", err, src.closed)
+			}
+		})
+	}
+}
+
+func TestReadBodyNoBody(t *testing.T) {
+	for _, body := range []io.ReadCloser{nil, http.NoBody} {
+		r := httptest.NewRequest(http.MethodPost, "/", nil)
+		r.Body = body
+		prefix, truncated, err := ReadBody(r, 100)
+		if prefix != nil || truncated || err != nil || r.Body != body {
+			t.Errorf("ReadBody(%v) = %q, %v, %v and body %v; want nothing and the body left alone", body, prefix, truncated, err, r.Body)
+		}
+	}
+}
+
+func TestReadBodyZeroMax(t *testing.T) {
+	for _, max := range []int64{0, -5} {
+		r := httptest.NewRequest(http.MethodPost, "/", strings.NewReader("abc"))
+		prefix, truncated, err := ReadBody(r, max)
+		if len(prefix) != 0 || !truncated || err != nil {
+			t.Errorf("ReadBody(max %d) = %q, %v, %v; want empty, true, nil", max, prefix, truncated, err)
+		}
+		if got, _ := io.ReadAll(r.Body); string(got) != "abc" {
+			t.Errorf("restored body %q", got)
+		}
+	}
+	r := httptest.NewRequest(http.MethodPost, "/", strings.NewReader("abc"))
+	if prefix, truncated, err := ReadBody(r, math.MaxInt64); string(prefix) != "abc" || truncated || err != nil {
+		t.Errorf("ReadBody(max MaxInt64) = %q, %v, %v", prefix, truncated, err)
+	}
+}
+
+func TestReadBodyError(t *testing.T) {
+	boom := errors.New("connection reset")
+	data := payload(500)
+	for _, tt := range []struct {
+		name          string
+		max           int64
+		wantErr       error
+		wantTruncated bool
+	}{
+		{"before max", 1000, boom, true},
+		{"after max", 100, nil, true}, // the prefix is whole; the error waits for the proxy
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			src := &source{data: bytes.Clone(data), chunk: 64, err: boom}
+			r := httptest.NewRequest(http.MethodPost, "/", nil)
+			r.Body, r.ContentLength = src, -1
+
+			prefix, truncated, err := ReadBody(r, tt.max)
+			if err != tt.wantErr || truncated != tt.wantTruncated {
+				t.Fatalf("ReadBody = %d bytes, %v, %v; want %v, %v", len(prefix), truncated, err, tt.wantTruncated, tt.wantErr)
+			}
+			if !bytes.Equal(prefix, data[:len(prefix)]) {
+				t.Fatal("prefix differs from the body's first bytes")
+			}
+			var got []byte
+			buf := make([]byte, 37)
+			for {
+				n, err := r.Body.Read(buf)
+				got = append(got, buf[:n]...)
+				if err != nil {
+					if err != boom {
+						t.Fatalf("restored body ended with %v after %d bytes, want %v", err, len(got), boom)
+					}
+					break
+				}
+			}
+			if !bytes.Equal(got, data) {
+				t.Fatalf("restored body gave %d bytes before the error, want the %d original bytes", len(got), len(data))
+			}
+			// The error stays.
+			if _, err := r.Body.Read(buf); err != boom {
+				t.Errorf("read after the error: %v, want %v", err, boom)
+			}
+		})
+	}
+}
+
+func TestReadBodyErrorWithData(t *testing.T) {
+	boom := errors.New("boom")
+	r := httptest.NewRequest(http.MethodPost, "/", nil)
+	r.Body = io.NopCloser(iotest.DataErrReader(io.MultiReader(strings.NewReader("abc"), iotest.ErrReader(boom))))
+	prefix, truncated, err := ReadBody(r, 10)
+	if string(prefix) != "abc" || !truncated || err != boom {
+		t.Fatalf("ReadBody = %q, %v, %v; want abc, true, boom", prefix, truncated, err)
+	}
+	got, err := io.ReadAll(r.Body)
+	if string(got) != "abc" || err != boom {
+		t.Errorf("restored body = %q, %v; want abc, boom", got, err)
+	}
+}
+
+// stuck is a body that returns nothing, forever.
+type stuck struct{}
+
+func (stuck) Read([]byte) (int, error) { return 0, nil }
+func (stuck) Close() error             { return nil }
+
+func TestReadBodyNoProgress(t *testing.T) {
+	r := httptest.NewRequest(http.MethodPost, "/", nil)
+	r.Body = stuck{}
+	if _, _, err := ReadBody(r, 10); err != io.ErrNoProgress {
+		t.Errorf("ReadBody of a stuck body: %v, want %v", err, io.ErrNoProgress)
+	}
+}
+
+// TestReadBodyTwice reads a restored body again (the matcher, then the policy), before and
+// after it is consumed.
+func TestReadBodyTwice(t *testing.T) {
+	data := payload(3000)
+	for _, tt := range []struct {
+		first, second int64
+		wantTruncated bool
+	}{
+		{1000, 1000, true}, {1000, 500, true}, {1000, 2000, true}, {5000, 10000, false}, {5000, 3000, false}, {5000, 2999, true},
+	} {
+		src := &source{data: bytes.Clone(data), chunk: 100}
+		r := httptest.NewRequest(http.MethodPost, "/", nil)
+		r.Body = src
+		if _, _, err := ReadBody(r, tt.first); err != nil {
+			t.Fatal(err)
+		}
+		reads := src.reads
+		prefix, truncated, err := ReadBody(r, tt.second)
+		want := data[:min(int64(len(data)), tt.second)]
+		if err != nil || truncated != tt.wantTruncated || !bytes.Equal(prefix, want) {
+			t.Fatalf("ReadBody(%d) then (%d) = %d bytes, %v, %v; want %d bytes, %v", tt.first, tt.second, len(prefix), truncated, err, len(want), tt.wantTruncated)
+		}
+		if tt.second < tt.first && src.reads != reads {
+			t.Errorf("ReadBody(%d) then (%d) read the original again", tt.first, tt.second)
+		}
+		if got, err := io.ReadAll(r.Body); err != nil || !bytes.Equal(got, data) {
+			t.Fatalf("restored body: %d bytes, %v", len(got), err)
+		}
+	}
+
+	// Once the restored body has been read, it has nothing more to give.
+	r := httptest.NewRequest(http.MethodPost, "/", strings.NewReader("abc"))
+	ReadBody(r, 10)
+	io.ReadAll(r.Body)
+	if prefix, truncated, err := ReadBody(r, 10); len(prefix) != 0 || truncated || err != nil {
+		t.Errorf("ReadBody of a consumed body = %q, %v, %v; want nothing", prefix, truncated, err)
+	}
+}
+
+// TestReadBodyServer sends bodies through a real server, chunked and not.
+func TestReadBodyServer(t *testing.T) {
+	data := payload(200_000)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		cl := r.ContentLength
+		prefix, truncated, err := ReadBody(r, 65536)
+		if err != nil || !truncated || !bytes.Equal(prefix, data[:65536]) || r.ContentLength != cl {
+			http.Error(w, "bad prefix", http.StatusInternalServerError)
+			return
+		}
+		got, err := io.ReadAll(r.Body)
+		if err != nil || !bytes.Equal(got, data) {
+			http.Error(w, "bad body", http.StatusInternalServerError)
+		}
+	}))
+	defer srv.Close()
+	for _, body := range []io.Reader{bytes.NewReader(data), io.MultiReader(bytes.NewReader(data))} {
+		resp, err := http.Post(srv.URL, "application/json", body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		msg, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Errorf("server: %s %s", resp.Status, msg)
+		}
+	}
+}

@@ -1,0 +1,93 @@
+package llmreq
+
+import (
+	"strconv"
+	"sync"
+)
+
+// Format is the API a request body is written for, as told by its fields.
+type Format uint8
+
+const (
+	None       Format = iota // not an LLM request this package understands
+	Chat                     // OpenAI /v1/chat/completions (messages)
+	Messages                 // Anthropic /v1/messages (messages + system, or Anthropic-only fields)
+	Completion               // OpenAI /v1/completions (prompt)
+	Generate                 // SGLang /generate (text)
+)
+
+var formatNames = [...]string{
+	None:       "none",
+	Chat:       "openai_chat",
+	Messages:   "anthropic_messages",
+	Completion: "openai_completion",
+	Generate:   "sglang_generate",
+}
+
+func (f Format) String() string {
+	if int(f) < len(formatNames) {
+		return formatNames[f]
+	}
+	return "Format(" + strconv.Itoa(int(f)) + ")"
+}
+
+// Request is what routing needs from an LLM request body.
+type Request struct {
+	Format Format
+	// Model is the body's model field; "" when absent or not a string.
+	Model string
+	// Text is the routing text (see the package documentation); "" when none. It is valid UTF-8.
+	Text string
+	// Session is the body field prompt_cache_key (OpenAI); "" when absent. It is kept whole,
+	// however long: the caller bounds it.
+	Session string
+	// MaxTokens is max_completion_tokens, else max_tokens, else SGLang's
+	// sampling_params.max_new_tokens; 0 when absent or not a whole number in [1, 2^31-1].
+	MaxTokens int
+	// Stream is the body's stream field (false unless it is true).
+	Stream bool
+	// Truncated says the body was cut at the read limit; Text is a prefix of the full text.
+	Truncated bool
+}
+
+// Parse extracts the LLM request from body.
+//
+// truncated says body is only the first bytes of a longer body: Parse then recovers what it can
+// (the model if seen, the messages read so far, including the partial text of the message being
+// read) instead of failing. The Text of a truncated body is a prefix of the Text of the whole
+// body when both have the same Format, no key appears twice in an object, and Anthropic's
+// system, if any, comes before messages.
+//
+// A body that is not a JSON object, or is not JSON (cut short while truncated is false, nested
+// deeper than 1000 levels, trailing garbage), gives the zero Request. A JSON object without
+// messages, prompt or text gives Format None but still fills Model, Session, MaxTokens and
+// Stream. When a key appears twice the last one counts, as in the Python servers behind it.
+//
+// Parse never panics, runs in one pass, and its output is at most 4 times len(body) bytes.
+func Parse(body []byte, truncated bool) Request {
+	p := parsers.Get().(*parser)
+	defer p.release()
+	p.scanner = scanner{b: body, trunc: truncated, key: p.key}
+	return p.parse()
+}
+
+var parsers = sync.Pool{New: func() any { return new(parser) }}
+
+// keepScratch is the largest scratch buffer a pooled parser keeps between calls.
+const keepScratch = 256 << 10
+
+func (p *parser) release() {
+	p.scanner.b = nil
+	for _, b := range []*[]byte{
+		&p.key, &p.model, &p.session, &p.num, &p.role, &p.content, &p.tools, &p.name, &p.args,
+		&p.msgs, &p.sys, &p.prompt, &p.text,
+		&p.lv[0].name, &p.lv[0].nested, &p.lv[1].name, &p.lv[1].nested,
+	} {
+		if cap(*b) > keepScratch {
+			*b = nil
+		} else {
+			*b = (*b)[:0]
+		}
+	}
+	parsers.Put(p)
+}

@@ -1,0 +1,310 @@
+package llmreq
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"hash/crc32"
+	"math"
+	"strconv"
+	"strings"
+)
+
+// refParse is a slow reference for Parse on complete bodies, written from the package
+// documentation with encoding/json. ok is false when encoding/json rejects the body (Parse is
+// more lenient inside strings) or the body nests deeper than Parse accepts.
+func refParse(body []byte) (req Request, ok bool) {
+	if !json.Valid(body) || nesting(body) > maxDepth {
+		return Request{}, false
+	}
+	var top map[string]json.RawMessage
+	if json.Unmarshal(body, &top) != nil || top == nil {
+		return Request{}, true // valid JSON, not an object
+	}
+	str := func(raw json.RawMessage) (string, bool) {
+		var s string
+		if len(raw) == 0 || raw[0] != '"' || json.Unmarshal(raw, &s) != nil {
+			return "", false
+		}
+		return s, true
+	}
+	req.Model, _ = str(top["model"])
+	req.Session, _ = str(top["prompt_cache_key"])
+	req.Stream = string(top["stream"]) == "true"
+	switch {
+	case refTokens(top["max_completion_tokens"]) > 0:
+		req.MaxTokens = refTokens(top["max_completion_tokens"])
+	case refTokens(top["max_tokens"]) > 0:
+		req.MaxTokens = refTokens(top["max_tokens"])
+	default:
+		var sp map[string]json.RawMessage
+		if raw := top["sampling_params"]; len(raw) > 0 && raw[0] == '{' && json.Unmarshal(raw, &sp) == nil {
+			req.MaxTokens = refTokens(sp["max_new_tokens"])
+		}
+	}
+	_, anthropic := top["anthropic_version"]
+	if _, ok := top["stop_sequences"]; ok {
+		anthropic = true
+	}
+	first := func(raw json.RawMessage) byte {
+		if len(raw) == 0 {
+			return 0
+		}
+		return raw[0]
+	}
+	if first(top["messages"]) == '[' {
+		var sb strings.Builder
+		if c := first(top["system"]); c == '"' || c == '[' {
+			anthropic = true
+			sb.WriteString("system\x1f" + refContent(top["system"], 0, &anthropic) + "\x1e")
+		}
+		var msgs []json.RawMessage
+		json.Unmarshal(top["messages"], &msgs)
+		for _, raw := range msgs {
+			var m map[string]json.RawMessage
+			if first(raw) != '{' || json.Unmarshal(raw, &m) != nil {
+				continue
+			}
+			role, _ := str(m["role"])
+			content := refContent(m["content"], 0, &anthropic)
+			var calls []string
+			var tc []json.RawMessage
+			if first(m["tool_calls"]) == '[' {
+				json.Unmarshal(m["tool_calls"], &tc)
+			}
+			for _, raw := range tc {
+				var call, fn map[string]json.RawMessage
+				if first(raw) != '{' || json.Unmarshal(raw, &call) != nil ||
+					first(call["function"]) != '{' || json.Unmarshal(call["function"], &fn) != nil {
+					continue
+				}
+				name, _ := str(fn["name"])
+				args, ok := str(fn["arguments"])
+				if !ok {
+					args = string([]rune(string(fn["arguments"])))
+				}
+				calls = append(calls, name+"("+args+")")
+			}
+			sb.WriteString(role + "\x1f" + content)
+			if len(calls) > 0 {
+				if content != "" {
+					sb.WriteString("\n")
+				}
+				sb.WriteString(strings.Join(calls, "\n"))
+			}
+			sb.WriteString("\x1e")
+		}
+		req.Format = Chat
+		if anthropic {
+			req.Format = Messages
+		}
+		req.Text = sb.String()
+		return req, true
+	}
+	for _, f := range []struct {
+		key    string
+		format Format
+	}{{"prompt", Completion}, {"text", Generate}} {
+		raw := top[f.key]
+		if s, ok := str(raw); ok {
+			req.Format, req.Text = f.format, s
+			return req, true
+		}
+		if first(raw) != '[' {
+			continue
+		}
+		var elems []json.RawMessage
+		json.Unmarshal(raw, &elems)
+		var sb strings.Builder
+		prev := byte(0)
+		for _, e := range elems {
+			kind := first(e)
+			if kind == '-' || kind >= '0' && kind <= '9' {
+				kind = '0'
+			}
+			if kind != '"' && kind != '0' && kind != '[' {
+				continue
+			}
+			switch {
+			case prev == '0' && kind == '0':
+				sb.WriteString(" ")
+			case prev != 0:
+				sb.WriteString("\n")
+			}
+			prev = kind
+			switch kind {
+			case '"':
+				s, _ := str(e)
+				sb.WriteString(s)
+			case '0':
+				sb.Write(e)
+			case '[':
+				var ids []json.RawMessage
+				json.Unmarshal(e, &ids)
+				var nums []string
+				for _, id := range ids {
+					if c := first(id); c == '-' || c >= '0' && c <= '9' {
+						nums = append(nums, string(id))
+					}
+				}
+				sb.WriteString(strings.Join(nums, " "))
+			}
+		}
+		req.Format, req.Text = f.format, sb.String()
+		return req, true
+	}
+	return req, true
+}
+
+func refContent(raw json.RawMessage, level int, anthropic *bool) string {
+	if len(raw) == 0 {
+		return ""
+	}
+	switch raw[0] {
+	case '"':
+		var s string
+		json.Unmarshal(raw, &s)
+		return s
+	case '{':
+		return refPart(raw, level, anthropic)
+	case '[':
+	default:
+		return ""
+	}
+	var elems []json.RawMessage
+	json.Unmarshal(raw, &elems)
+	var parts []string
+	for _, e := range elems {
+		var s string
+		switch e[0] {
+		case '"':
+			json.Unmarshal(e, &s)
+		case '{':
+			s = refPart(e, level, anthropic)
+		}
+		if s != "" {
+			parts = append(parts, s)
+		}
+	}
+	return strings.Join(parts, "\n")
+}
+
+func refPart(raw json.RawMessage, level int, anthropic *bool) string {
+	var m map[string]json.RawMessage
+	json.Unmarshal(raw, &m)
+	var text, name, typ string
+	hasText := false
+	if t := m["text"]; len(t) > 0 && t[0] == '"' {
+		json.Unmarshal(t, &text)
+		hasText = true
+	}
+	if n := m["name"]; len(n) > 0 && n[0] == '"' {
+		json.Unmarshal(n, &name)
+	}
+	t, typed := m["type"]
+	if typed {
+		typ = "\x00not a string"
+		if len(t) > 0 && t[0] == '"' {
+			json.Unmarshal(t, &typ)
+		}
+	}
+	switch {
+	case typ == "text" || typ == "input_text" || typ == "output_text" || !typed && hasText:
+		return text
+	case typ == "tool_use" || typ == "server_tool_use":
+		*anthropic = true
+		return name + "(" + string([]rune(string(m["input"]))) + ")"
+	case typ == "tool_result":
+		*anthropic = true
+		if level+1 < partLevels {
+			return refContent(m["content"], level+1, anthropic)
+		}
+		return ""
+	}
+	return fmt.Sprintf("\uFFFC%08x", crc32.Checksum(raw, crc32.MakeTable(crc32.Castagnoli)))
+}
+
+func refTokens(raw json.RawMessage) int {
+	if len(raw) > 0 && raw[0] == '"' {
+		var s string
+		json.Unmarshal(raw, &s)
+		if numberLen([]byte(s)) != len(s) {
+			return 0
+		}
+		raw = json.RawMessage(s)
+	}
+	v, err := strconv.ParseFloat(string(raw), 64)
+	if err != nil || v < 1 || v > math.MaxInt32 || v != math.Trunc(v) {
+		return 0
+	}
+	return int(v)
+}
+
+// nesting returns how deep the arrays and objects of a valid JSON body nest.
+func nesting(body []byte) int {
+	dec := json.NewDecoder(bytes.NewReader(body))
+	depth, deepest := 0, 0
+	for {
+		tok, err := dec.Token()
+		if err != nil {
+			return deepest
+		}
+		switch tok {
+		case json.Delim('{'), json.Delim('['):
+			depth++
+			deepest = max(deepest, depth)
+		case json.Delim('}'), json.Delim(']'):
+			depth--
+		}
+	}
+}
+
+// prefixSafe reports whether a valid JSON body is one for which Parse promises that the Text of
+// any truncation is a prefix of the full Text: no duplicate keys, and a top-level system, if
+// any, before messages.
+func prefixSafe(body []byte) bool {
+	dups, late := keyOrder(body)
+	return !dups && !late
+}
+
+// keyOrder reports whether an object of a valid JSON body has a key twice, and whether the
+// top-level system comes after messages.
+func keyOrder(body []byte) (dups, lateSystem bool) {
+	dec := json.NewDecoder(bytes.NewReader(body))
+	type container struct {
+		keys    map[string]bool // nil for arrays
+		wantKey bool
+	}
+	var stack []*container
+	afterValue := func() {
+		if len(stack) > 0 {
+			stack[len(stack)-1].wantKey = true
+		}
+	}
+	for {
+		tok, err := dec.Token()
+		if err != nil {
+			return dups, lateSystem
+		}
+		if s, ok := tok.(string); ok && len(stack) > 0 {
+			if top := stack[len(stack)-1]; top.keys != nil && top.wantKey {
+				dups = dups || top.keys[s]
+				lateSystem = lateSystem || len(stack) == 1 && s == "system" && top.keys["messages"]
+				top.keys[s] = true
+				top.wantKey = false
+				continue
+			}
+		}
+		switch tok {
+		case json.Delim('{'):
+			stack = append(stack, &container{keys: map[string]bool{}, wantKey: true})
+		case json.Delim('['):
+			stack = append(stack, &container{})
+		case json.Delim('}'), json.Delim(']'):
+			stack = stack[:len(stack)-1]
+			afterValue()
+		default:
+			afterValue()
+		}
+	}
+}
