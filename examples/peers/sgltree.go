@@ -1,0 +1,307 @@
+package peers
+
+import (
+	"container/heap"
+	"sync"
+	"unicode/utf8"
+)
+
+// sglTree is a re-implementation of SGLang's approximate radix tree (sgl-model-gateway
+// src/policies/tree.rs): a char-level radix tree shared by several tenants (upstreams), each
+// node recording, per tenant, when that tenant last touched it. It follows tree.rs in what it
+// stores and evicts, not in how fast it does it: one mutex guards the whole tree.
+//
+// Behaviours kept from tree.rs on purpose, since they shape how the policy routes:
+//   - insert gives a tenant joining an existing inner node the timestamp 0 and stamps only the
+//     node where the text ends, so inner nodes age first once they become a tenant's leaf;
+//   - prefixMatch refreshes the matched node's timestamp for the returned tenant only on every
+//     eighth call (tree.rs samples the global epoch counter the same way);
+//   - the size is counted per tenant (each node's chars once per tenant holding it) and
+//     evictTenantBySize bounds every tenant separately, so a tree may hold N × max chars.
+type sglTree struct {
+	mu        sync.Mutex
+	root      *sglNode
+	epoch     uint64         // LRU clock: tree.rs uses a counter, not wall time
+	charCount map[string]int // chars held per tenant
+}
+
+type sglNode struct {
+	text     string // "" only at the root
+	chars    int    // runes in text
+	parent   *sglNode
+	children map[rune]*sglNode
+	// tenants in the order they joined the node. tree.rs keeps them in a DashMap and returns
+	// the node's cached last_tenant, set by the tenant that created the node and otherwise the
+	// first the map iterates; taking the earliest tenant still present is the deterministic
+	// version of that.
+	tenants []sglStamp
+}
+
+type sglStamp struct {
+	tenant string
+	last   uint64
+}
+
+// emptyTenant is what tree.rs returns when the matched node has no tenant.
+const emptyTenant = "empty"
+
+func newSGLTree() *sglTree {
+	return &sglTree{
+		root:      &sglNode{children: make(map[rune]*sglNode)},
+		charCount: make(map[string]int),
+	}
+}
+
+func (t *sglTree) tick() uint64 {
+	e := t.epoch
+	t.epoch++
+	return e
+}
+
+func (n *sglNode) stamp(tenant string) *sglStamp {
+	for i := range n.tenants {
+		if n.tenants[i].tenant == tenant {
+			return &n.tenants[i]
+		}
+	}
+	return nil
+}
+
+func (n *sglNode) has(tenant string) bool { return n.stamp(tenant) != nil }
+
+func (n *sglNode) drop(tenant string) {
+	for i := range n.tenants {
+		if n.tenants[i].tenant == tenant {
+			n.tenants = append(n.tenants[:i], n.tenants[i+1:]...)
+			return
+		}
+	}
+}
+
+// leafFor reports whether tenant holds n but none of n's children.
+func (n *sglNode) leafFor(tenant string) bool {
+	if !n.has(tenant) {
+		return false
+	}
+	for _, c := range n.children {
+		if c.has(tenant) {
+			return false
+		}
+	}
+	return true
+}
+
+// shared returns how many leading runes a and b have in common, and their length in bytes.
+func shared(a, b string) (runes, bytes int) {
+	for bytes < len(a) && bytes < len(b) {
+		ra, na := utf8.DecodeRuneInString(a[bytes:])
+		rb, nb := utf8.DecodeRuneInString(b[bytes:])
+		if ra != rb || na != nb || a[bytes:bytes+na] != b[bytes:bytes+nb] {
+			break
+		}
+		runes++
+		bytes += na
+	}
+	return runes, bytes
+}
+
+func firstRune(s string) rune {
+	r, _ := utf8.DecodeRuneInString(s)
+	return r
+}
+
+// insert records that tenant holds text.
+func (t *sglTree) insert(text, tenant string) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+
+	// The root holds every tenant ever inserted, with timestamp 0: it is never evicted.
+	if !t.root.has(tenant) {
+		t.root.tenants = append(t.root.tenants, sglStamp{tenant: tenant})
+	}
+	if _, ok := t.charCount[tenant]; !ok {
+		t.charCount[tenant] = 0
+	}
+
+	prev := t.root
+	for rest := text; rest != ""; {
+		c := firstRune(rest)
+		child := prev.children[c]
+		if child == nil {
+			leaf := &sglNode{
+				text:     rest,
+				chars:    utf8.RuneCountInString(rest),
+				parent:   prev,
+				children: make(map[rune]*sglNode),
+				tenants:  []sglStamp{{tenant: tenant, last: t.tick()}},
+			}
+			prev.children[c] = leaf
+			t.charCount[tenant] += leaf.chars
+			return
+		}
+		n, nb := shared(rest, child.text)
+		if n < child.chars {
+			// Split child at n: the new node takes the shared head and child's tenants.
+			head := &sglNode{
+				text:     child.text[:nb],
+				chars:    n,
+				parent:   prev,
+				children: make(map[rune]*sglNode),
+				tenants:  append([]sglStamp(nil), child.tenants...),
+			}
+			child.text = child.text[nb:]
+			child.chars -= n
+			child.parent = head
+			head.children[firstRune(child.text)] = child
+			prev.children[c] = head
+			child = head
+		}
+		if !child.has(tenant) {
+			child.tenants = append(child.tenants, sglStamp{tenant: tenant})
+			t.charCount[tenant] += child.chars
+		}
+		prev = child
+		rest = rest[nb:]
+	}
+	prev.stamp(tenant).last = t.tick()
+}
+
+// sglMatch is the result of prefixMatch, as tree.rs's PrefixMatchResult.
+type sglMatch struct {
+	tenant  string // one tenant of the deepest matched node (see sglNode.tenants)
+	matched int    // chars of text matched
+	input   int    // chars of text
+}
+
+// prefixMatch walks text down the tree as far as it matches. A match that ends inside a node
+// still counts the chars matched there and takes its tenant from that node.
+func (t *sglTree) prefixMatch(text string) sglMatch {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+
+	matched := 0
+	curr := t.root
+	for rest := text; rest != ""; {
+		child := curr.children[firstRune(rest)]
+		if child == nil {
+			break
+		}
+		n, nb := shared(rest, child.text)
+		matched += n
+		curr = child
+		if n < child.chars {
+			break
+		}
+		rest = rest[nb:]
+	}
+
+	tenant := emptyTenant
+	if len(curr.tenants) > 0 {
+		tenant = curr.tenants[0].tenant
+	}
+	if e := t.tick(); e&7 == 0 {
+		if s := curr.stamp(tenant); s != nil {
+			s.last = e
+		}
+	}
+	return sglMatch{tenant: tenant, matched: matched, input: utf8.RuneCountInString(text)}
+}
+
+// evictTenantBySize removes, for every tenant holding more than max chars, its least recently
+// used leaves until it holds max chars or fewer.
+func (t *sglTree) evictTenantBySize(max int) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+
+	var pq sglHeap
+	stack := []*sglNode{t.root}
+	for len(stack) > 0 {
+		n := stack[len(stack)-1]
+		stack = stack[:len(stack)-1]
+		for _, c := range n.children {
+			stack = append(stack, c)
+		}
+		for _, s := range n.tenants {
+			if n.leafFor(s.tenant) {
+				pq = append(pq, sglEviction{last: s.last, tenant: s.tenant, node: n})
+			}
+		}
+	}
+	heap.Init(&pq)
+
+	for pq.Len() > 0 {
+		e := heap.Pop(&pq).(sglEviction)
+		if used, ok := t.charCount[e.tenant]; ok && used <= max {
+			continue
+		}
+		n := e.node
+		if !n.leafFor(e.tenant) {
+			continue
+		}
+		t.charCount[e.tenant] = max0(t.charCount[e.tenant] - n.chars)
+		n.drop(e.tenant)
+		if len(n.children) == 0 && len(n.tenants) == 0 && n.parent != nil {
+			delete(n.parent.children, firstRune(n.text))
+		}
+		if p := n.parent; p != nil && p.leafFor(e.tenant) {
+			heap.Push(&pq, sglEviction{last: p.stamp(e.tenant).last, tenant: e.tenant, node: p})
+		}
+	}
+}
+
+// removeTenant forgets tenant everywhere (SGLang does it when a worker is gone).
+func (t *sglTree) removeTenant(tenant string) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	var walk func(n *sglNode)
+	walk = func(n *sglNode) {
+		for _, c := range n.children {
+			walk(c)
+		}
+		n.drop(tenant)
+		if len(n.children) == 0 && len(n.tenants) == 0 && n.parent != nil {
+			delete(n.parent.children, firstRune(n.text))
+		}
+	}
+	walk(t.root)
+	delete(t.charCount, tenant)
+}
+
+// sizes returns the chars held per tenant, as maintained.
+func (t *sglTree) sizes() map[string]int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	out := make(map[string]int, len(t.charCount))
+	for k, v := range t.charCount {
+		out[k] = v
+	}
+	return out
+}
+
+func max0(v int) int {
+	if v < 0 {
+		return 0
+	}
+	return v
+}
+
+// sglEviction is an entry of the eviction queue: a tenant's leaf and when the tenant last
+// touched it. Entries with the same timestamp pop in no particular order, as in tree.rs.
+type sglEviction struct {
+	last   uint64
+	tenant string
+	node   *sglNode
+}
+
+type sglHeap []sglEviction
+
+func (h sglHeap) Len() int           { return len(h) }
+func (h sglHeap) Less(i, j int) bool { return h[i].last < h[j].last }
+func (h sglHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
+func (h *sglHeap) Push(x any)        { *h = append(*h, x.(sglEviction)) }
+func (h *sglHeap) Pop() any {
+	old := *h
+	x := old[len(old)-1]
+	*h = old[:len(old)-1]
+	return x
+}
