@@ -106,4 +106,13 @@ func (b *replay) Read(p []byte) (int, error) {
 	return b.rest.Read(p)
 }
 
-func (b *replay) Close() error { return b.rest.Close() }
+// Close closes the original body once any of the replay has been read. Before that it does
+// nothing: Go's transport closes a request's body when it fails to dial, and a reverse proxy
+// that retries on another upstream must still have the whole body to send (the server closes
+// the original body itself when the handler returns).
+func (b *replay) Close() error {
+	if b.off == 0 && len(b.buf) > 0 {
+		return nil
+	}
+	return b.rest.Close()
+}

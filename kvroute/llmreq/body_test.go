@@ -283,3 +283,25 @@ func TestReadBodyServer(t *testing.T) {
 		}
 	}
 }
+
+// A transport that fails to dial closes the request body without reading it; a retry must still
+// send the whole body.
+func TestReadBodyCloseBeforeReadKeepsBody(t *testing.T) {
+	data := bytes.Repeat([]byte("0123456789"), 1000)
+	src := &source{data: data, chunk: 512}
+	r := httptest.NewRequest(http.MethodPost, "/", nil)
+	r.Body = src
+	if _, truncated, err := ReadBody(r, 100); err != nil || !truncated {
+		t.Fatalf("ReadBody: truncated %v, err %v", truncated, err)
+	}
+	if err := r.Body.Close(); err != nil || src.closed != 0 {
+		t.Fatalf("Close before any read: err %v, original closed %d times; want nil, 0", err, src.closed)
+	}
+	got, err := io.ReadAll(r.Body)
+	if err != nil || !bytes.Equal(got, data) {
+		t.Fatalf("after an early Close: %d bytes, err %v; want the %d original bytes", len(got), err, len(data))
+	}
+	if err := r.Body.Close(); err != nil || src.closed != 1 {
+		t.Fatalf("Close after reading: err %v, closed %d; want nil, 1", err, src.closed)
+	}
+}
