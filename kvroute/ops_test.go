@@ -1,0 +1,238 @@
+package kvroute
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"runtime"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+const adminURL = "http://localhost:2999"
+
+// load posts a Caddyfile to the in-process Caddy's admin API.
+func load(t testing.TB, cfg string) {
+	t.Helper()
+	resp, err := http.Post(adminURL+"/load", "text/caddyfile", strings.NewReader(cfg))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		body, _ := io.ReadAll(resp.Body)
+		t.Fatalf("POST /load: %d %s", resp.StatusCode, body)
+	}
+}
+
+func adminCall(t testing.TB, method, path string) (int, []byte) {
+	t.Helper()
+	req, _ := http.NewRequest(method, adminURL+path, nil)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, body
+}
+
+func getStatus(t testing.TB) Status {
+	t.Helper()
+	code, body := adminCall(t, http.MethodGet, "/kvroute/")
+	if code != http.StatusOK {
+		t.Fatalf("GET /kvroute/: %d %s", code, body)
+	}
+	var st Status
+	if err := json.Unmarshal(body, &st); err != nil {
+		t.Fatalf("GET /kvroute/: %v: %s", err, body)
+	}
+	return st
+}
+
+// metricValue reads one sample of the admin /metrics endpoint, 0 when absent.
+func metricValue(t testing.TB, series string) float64 {
+	t.Helper()
+	_, body := adminCall(t, http.MethodGet, "/metrics")
+	sc := bufio.NewScanner(bytes.NewReader(body))
+	sc.Buffer(nil, 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		if strings.HasPrefix(line, series+" ") {
+			v, _ := strconv.ParseFloat(strings.TrimSpace(strings.TrimPrefix(line, series)), 64)
+			return v
+		}
+	}
+	return 0
+}
+
+func TestReloadKeepsLearnedPrefixes(t *testing.T) {
+	f := newFleet(t, 4)
+	cfg := proxyConfig(f, "", "", "")
+	startCaddy(t, cfg)
+	client := &http.Client{Timeout: 10 * time.Second}
+	sys := strings.Repeat("A long system prompt for the reload test. ", 40)
+	msgs := []string{sys, "hello"}
+	rep, _ := send(t, client, baseURL+"/v1/chat/completions", chatBody("m", msgs...))
+	home := rep.Upstream
+	for i := 0; i < 3; i++ {
+		load(t, cfg)
+		msgs = append(msgs, "answer", fmt.Sprintf("question after reload %d", i))
+		rep, _ := send(t, client, baseURL+"/v1/chat/completions", chatBody("m", msgs...))
+		if rep.Upstream != home {
+			t.Fatalf("after reload %d the conversation moved from %s to %s", i, home, rep.Upstream)
+		}
+	}
+	if metricValue(t, `caddy_kvroute_decisions_total{path="prefix_hit"}`) < 3 {
+		t.Errorf("prefix_hit decisions not counted across reloads")
+	}
+}
+
+func TestReloadDropsDepartedUpstream(t *testing.T) {
+	f := newFleet(t, 3)
+	startCaddy(t, proxyConfig(f, "", "", ""))
+	client := &http.Client{Timeout: 10 * time.Second}
+	for i := 0; i < 12; i++ {
+		send(t, client, baseURL+"/v1/chat/completions", chatBody("m", coldPrompt(i)), "X-Session-ID", fmt.Sprint("s", i))
+	}
+	st := getStatus(t)
+	gone := f[0].addr()
+	if st.Upstreams[gone].TreeChars == 0 || st.Upstreams[gone].Sessions == 0 {
+		t.Fatalf("setup: %s holds nothing: %+v", gone, st.Upstreams[gone])
+	}
+	load(t, proxyConfig(f[1:], "", "", ""))
+	st = getStatus(t)
+	if u := st.Upstreams[gone]; u.TreeChars != 0 || u.Sessions != 0 {
+		t.Errorf("after %s left the config it still holds %d tree chars and %d sessions", gone, u.TreeChars, u.Sessions)
+	}
+	if st.Upstreams[f[1].addr()].TreeChars == 0 {
+		t.Errorf("the upstreams that stayed lost their prefixes")
+	}
+}
+
+func TestReloadSmallerTreeBoundEvictsAtOnce(t *testing.T) {
+	f := newFleet(t, 2)
+	startCaddy(t, proxyConfig(f, "", "", ""))
+	client := &http.Client{Timeout: 10 * time.Second}
+	for i := 0; i < 40; i++ {
+		send(t, client, baseURL+"/v1/chat/completions", chatBody("m", coldPrompt(i)+strings.Repeat(" filler", 200)))
+	}
+	if c := getStatus(t).StoredChars; c < 40*1400 {
+		t.Fatalf("setup: only %d chars stored", c)
+	}
+	load(t, proxyConfig(f, "", "max_tree_size 10000", ""))
+	if c := getStatus(t).StoredChars; c > 11000 {
+		t.Errorf("after reloading with max_tree_size 10000, %d chars stored (more than 10%% over)", c)
+	}
+}
+
+func TestAdminAPI(t *testing.T) {
+	f := newFleet(t, 2)
+	startCaddy(t, proxyConfig(f, "", "", ""))
+	client := &http.Client{Timeout: 10 * time.Second}
+	rep, _ := send(t, client, baseURL+"/v1/chat/completions", chatBody("llama", "hello admin"), "X-Session-ID", "sess-1")
+	addr := f.byName(rep.Upstream).addr()
+
+	st := getStatus(t)
+	if !st.Loaded || st.Sessions != 1 || st.Models["llama"].TreeChars[addr] == 0 {
+		t.Fatalf("GET /kvroute/ = %+v", st)
+	}
+	u := st.Upstreams[addr]
+	if u.Sessions != 1 || u.Decisions["fallback"] != 1 || u.InFlight != 0 {
+		t.Errorf("upstream %s status %+v", addr, u)
+	}
+
+	if code, body := adminCall(t, http.MethodDelete, "/kvroute/sessions/no-such-session"); code != http.StatusNotFound || !json.Valid(body) {
+		t.Errorf("DELETE unknown session: %d %s, want 404 with a JSON error", code, body)
+	}
+	if code, body := adminCall(t, http.MethodDelete, "/kvroute/sessions/sess-1"); code != http.StatusOK {
+		t.Errorf("DELETE session: %d %s", code, body)
+	}
+	if st := getStatus(t); st.Sessions != 0 {
+		t.Errorf("session still bound after DELETE: %d", st.Sessions)
+	}
+	if code, body := adminCall(t, http.MethodGet, "/kvroute/reset"); code != http.StatusMethodNotAllowed || !json.Valid(body) {
+		t.Errorf("GET /kvroute/reset: %d %s, want 405 with a JSON error", code, body)
+	}
+	if code, _ := adminCall(t, http.MethodGet, "/kvroute/nothing"); code != http.StatusNotFound {
+		t.Errorf("unknown endpoint: %d, want 404", code)
+	}
+	send(t, client, baseURL+"/v1/chat/completions", chatBody("llama", "hello again"), "X-Session-ID", "sess-2")
+	if code, body := adminCall(t, http.MethodPost, "/kvroute/reset"); code != http.StatusOK {
+		t.Fatalf("POST /kvroute/reset: %d %s", code, body)
+	}
+	if st := getStatus(t); st.StoredChars != 0 || st.Sessions != 0 || len(st.Models) != 0 {
+		t.Errorf("after reset: %d chars, %d sessions, models %v", st.StoredChars, st.Sessions, st.Models)
+	}
+}
+
+func TestMetricsAfterReloads(t *testing.T) {
+	f := newFleet(t, 2)
+	cfg := proxyConfig(f, "", "", "")
+	startCaddy(t, cfg)
+	client := &http.Client{Timeout: 10 * time.Second}
+	series := `caddy_kvroute_decisions_total{path="fallback"}`
+	prev := metricValue(t, series)
+	for i := 0; i < 3; i++ {
+		send(t, client, baseURL+"/v1/chat/completions", chatBody("m", coldPrompt(1000+i)))
+		v := metricValue(t, series)
+		if v <= prev {
+			t.Fatalf("reload %d: %s did not increase (%v → %v)", i, series, prev, v)
+		}
+		prev = v
+		load(t, cfg)
+	}
+	for _, name := range []string{"caddy_kvroute_match_ratio_count", "caddy_kvroute_stored_chars", "caddy_kvroute_sessions",
+		`caddy_kvroute_tree_chars{upstream="` + f[0].addr() + `"}`} {
+		if !strings.Contains(string(mustMetrics(t)), name) {
+			t.Errorf("/metrics lacks %s", name)
+		}
+	}
+}
+
+func mustMetrics(t testing.TB) []byte {
+	_, body := adminCall(t, http.MethodGet, "/metrics")
+	return body
+}
+
+// 200 reloads in a row leave the goroutine count and the heap flat.
+func TestReloadsDoNotLeak(t *testing.T) {
+	f := newFleet(t, 2)
+	cfg := proxyConfig(f, "", "", "")
+	startCaddy(t, cfg)
+	client := &http.Client{Timeout: 10 * time.Second}
+	settle := func() (int, uint64) {
+		var m runtime.MemStats
+		for i := 0; i < 3; i++ {
+			runtime.GC()
+			time.Sleep(50 * time.Millisecond)
+		}
+		runtime.ReadMemStats(&m)
+		return runtime.NumGoroutine(), m.HeapAlloc
+	}
+	for i := 0; i < 20; i++ { // warm up: pools, connections, lazily made state
+		load(t, cfg)
+		send(t, client, baseURL+"/v1/chat/completions", chatBody("m", coldPrompt(i)))
+	}
+	g0, h0 := settle()
+	for i := 0; i < 200; i++ {
+		load(t, cfg)
+		if i%20 == 0 {
+			send(t, client, baseURL+"/v1/chat/completions", chatBody("m", coldPrompt(100+i)))
+		}
+	}
+	time.Sleep(1500 * time.Millisecond) // old configs' grace period
+	g1, h1 := settle()
+	t.Logf("200 reloads: goroutines %d → %d, heap %d KiB → %d KiB", g0, g1, h0>>10, h1>>10)
+	if g1 > g0+10 {
+		t.Errorf("goroutines grew from %d to %d over 200 reloads", g0, g1)
+	}
+	if h1 > h0+8<<20 {
+		t.Errorf("heap grew from %d KiB to %d KiB over 200 reloads", h0>>10, h1>>10)
+	}
+}

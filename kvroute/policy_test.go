@@ -1,0 +1,314 @@
+package kvroute
+
+import (
+	"context"
+	"crypto/tls"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
+
+	"go.uber.org/zap"
+
+	"github.com/kvroute/caddy-kvroute/energy"
+)
+
+// newPolicy provisions p (defaults applied) against a fresh process state and cleans it up
+// when the test ends.
+func newPolicy(t testing.TB, p *KVCacheAware) *KVCacheAware {
+	t.Helper()
+	if p == nil {
+		p = new(KVCacheAware)
+	}
+	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+	t.Cleanup(cancel)
+	if err := p.Provision(ctx); err != nil {
+		t.Fatalf("provision: %v", err)
+	}
+	t.Cleanup(func() { _ = p.Cleanup() })
+	p.state.reset()
+	p.state.upstreams.Clear() // in-flight counts left by earlier tests
+	p.logger = zap.NewNop()   // one debug line per decision would drown the test output
+	return p
+}
+
+func newPool(addrs ...string) reverseproxy.UpstreamPool {
+	pool := make(reverseproxy.UpstreamPool, len(addrs))
+	for i, a := range addrs {
+		pool[i] = &reverseproxy.Upstream{Dial: a, Host: new(reverseproxy.Host)}
+	}
+	return pool
+}
+
+// llmRequestFor builds a chat completion request as Caddy would hand it to Select (with the
+// vars map in its context). The returned cancel ends the request.
+func chatRequest(model, prompt string, headers ...string) (*http.Request, context.CancelFunc) {
+	body := fmt.Sprintf(`{"model":%q,"messages":[{"role":"user","content":%q}]}`, model, prompt)
+	r := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", strings.NewReader(body))
+	for i := 0; i+1 < len(headers); i += 2 {
+		r.Header.Set(headers[i], headers[i+1])
+	}
+	ctx, cancel := context.WithCancel(context.WithValue(r.Context(), caddyhttp.VarsCtxKey, map[string]any{}))
+	return r.WithContext(ctx), cancel
+}
+
+// withVars gives r the vars map Caddy puts in every request's context.
+func withVars(r *http.Request) *http.Request {
+	return r.WithContext(context.WithValue(r.Context(), caddyhttp.VarsCtxKey, map[string]any{}))
+}
+
+type tlsState = tls.ConnectionState
+
+// pick runs Select for one request that ends at once, and returns the chosen dial address.
+func pick(t testing.TB, p *KVCacheAware, pool reverseproxy.UpstreamPool, model, prompt string, headers ...string) string {
+	t.Helper()
+	r, cancel := chatRequest(model, prompt, headers...)
+	up := p.Select(pool, r, httptest.NewRecorder())
+	cancel()
+	// The in-flight count is released by a context.AfterFunc: wait for it, so that the next
+	// decision sees an idle fleet.
+	if lr, ok := caddyhttp.GetVar(r.Context(), varRequest).(*llmRequest); ok {
+		for lr.pick.Load() != nil {
+			runtime.Gosched()
+		}
+	}
+	if up == nil {
+		return ""
+	}
+	return up.Dial
+}
+
+func decisions(p *KVCacheAware, addr string, path int) uint64 {
+	return p.state.upstream(addr).decisions[path].Load()
+}
+
+func TestSelectPrefixAffinityAcrossTurns(t *testing.T) {
+	p := newPolicy(t, nil)
+	pool := newPool("a:1", "b:1", "c:1", "d:1")
+	sys := strings.Repeat("You are a helpful assistant who answers tersely. ", 40)
+	convs := []string{"tell me about Paris", "how do vaccines work", "write a haiku", "sum 2+2"}
+	first := map[int]string{}
+	for turn := 0; turn < 4; turn++ {
+		for i, c := range convs {
+			prompt := sys + c + strings.Repeat(" and then more", turn*10)
+			got := pick(t, p, pool, "m", prompt)
+			if got == "" {
+				t.Fatalf("conversation %d turn %d: no upstream", i, turn)
+			}
+			if turn == 0 {
+				first[i] = got
+				continue
+			}
+			if got != first[i] {
+				t.Errorf("conversation %d turn %d went to %s, first turn to %s", i, turn, got, first[i])
+			}
+		}
+	}
+}
+
+func TestSelectColdTiesSpreadWithoutBias(t *testing.T) {
+	p := newPolicy(t, nil)
+	pool := newPool("a:1", "b:1", "c:1", "d:1")
+	counts := map[string]int{}
+	const n = 800
+	for i := 0; i < n; i++ {
+		counts[pick(t, p, pool, "m", coldPrompt(i))]++
+	}
+	for _, up := range pool {
+		share := float64(counts[up.Dial]) / n
+		if share < 0.15 || share > 0.35 {
+			t.Errorf("%s got %.2f of cold requests, want about 0.25 (counts %v)", up.Dial, share, counts)
+		}
+	}
+}
+
+func TestSelectCountsOwnDecisionsAsLoad(t *testing.T) {
+	// Concurrent decisions see each other's load at once, before Caddy counts the requests.
+	p := newPolicy(t, nil)
+	pool := newPool("a:1", "b:1", "c:1", "d:1")
+	counts := map[string]int{}
+	var cancels []context.CancelFunc
+	for i := 0; i < 8; i++ {
+		r, cancel := chatRequest("m", coldPrompt(i))
+		cancels = append(cancels, cancel)
+		counts[p.Select(pool, r, nil).Dial]++
+	}
+	for _, up := range pool {
+		if counts[up.Dial] != 2 {
+			t.Errorf("8 requests in flight on 4 idle upstreams: %s got %d, want 2 (%v)", up.Dial, counts[up.Dial], counts)
+		}
+	}
+	for _, c := range cancels {
+		c()
+	}
+	waitFor(t, func() bool {
+		for _, up := range pool {
+			if p.state.upstream(up.Dial).inFlight.Load() != 0 {
+				return false
+			}
+		}
+		return true
+	}, "in-flight counts back to 0 after the requests ended")
+}
+
+func TestSelectRetryMovesInFlight(t *testing.T) {
+	p := newPolicy(t, nil)
+	pool := newPool("a:1", "b:1")
+	r, cancel := chatRequest("m", "some prompt")
+	first := p.Select(pool, r, nil)
+	second := p.Select(newPool(otherThan(pool, first.Dial)), r, nil)
+	if got := p.state.upstream(first.Dial).inFlight.Load(); got != 0 {
+		t.Errorf("after the retry, %s still counts %d in flight", first.Dial, got)
+	}
+	if got := p.state.upstream(second.Dial).inFlight.Load(); got != 1 {
+		t.Errorf("retry target %s counts %d in flight, want 1", second.Dial, got)
+	}
+	cancel()
+	waitFor(t, func() bool { return p.state.upstream(second.Dial).inFlight.Load() == 0 }, "in flight released")
+}
+
+func otherThan(pool reverseproxy.UpstreamPool, addr string) string {
+	for _, u := range pool {
+		if u.Dial != addr {
+			return u.Dial
+		}
+	}
+	return ""
+}
+
+func TestSelectImbalanceGoesLeastBusy(t *testing.T) {
+	abs, rel := 4, 1.5
+	p := newPolicy(t, &KVCacheAware{BalanceAbsThreshold: &abs, BalanceRelThreshold: &rel})
+	pool := newPool("a:1", "b:1", "c:1")
+	prompt := strings.Repeat("a long shared prefix ", 50)
+	home := pick(t, p, pool, "m", prompt)
+	if again := pick(t, p, pool, "m", prompt+"more"); again != home {
+		t.Fatalf("balanced: want the prefix holder %s, got %s", home, again)
+	}
+	p.state.upstream(home).inFlight.Store(20)
+	p.state.upstream(otherThan(pool, home)).inFlight.Store(3)
+	got := pick(t, p, pool, "m", prompt+"more again")
+	if got == home {
+		t.Fatalf("imbalanced (20 vs 3 vs 0 in flight): went to the busy prefix holder %s", home)
+	}
+	if p.state.upstream(got).inFlight.Load() != 0 {
+		t.Errorf("imbalanced: want the idle upstream, got %s with %d in flight", got, p.state.upstream(got).inFlight.Load())
+	}
+	if decisions(p, got, pathImbalance) == 0 {
+		t.Errorf("decision not counted as imbalance")
+	}
+	// The prompt was still recorded under the chosen upstream.
+	if m := p.state.forest.Get("m").MatchTenant(routingText("m", prompt+"more again"), got); m == 0 {
+		t.Errorf("imbalanced decision did not record the prompt under %s", got)
+	}
+}
+
+func TestSelectModelTreesKeptApart(t *testing.T) {
+	p := newPolicy(t, nil)
+	pool := newPool("a:1", "b:1", "c:1", "d:1")
+	prompt := strings.Repeat("shared words across models ", 40)
+	home := pick(t, p, pool, "m1", prompt)
+	pick(t, p, pool, "m2", prompt)
+	if n := decisions(p, home, pathPrefixHit); n != 0 {
+		t.Errorf("a different model's request was a prefix hit on %s", home)
+	}
+	if p.state.forest.Get("m1") == nil || p.state.forest.Get("m2") == nil {
+		t.Fatalf("want one tree per model, have %v", p.state.forest.Names())
+	}
+}
+
+func TestSelectServesModelAndSaturation(t *testing.T) {
+	p := newPolicy(t, &KVCacheAware{Upstreams: map[string]energy.Profile{
+		"a:1": {Models: []string{"llama-*"}, MaxConcurrency: 2},
+		"b:1": {Models: []string{"qwen*"}},
+		"c:1": {Models: []string{"llama-*"}},
+	}})
+	pool := newPool("a:1", "b:1", "c:1")
+	for i := 0; i < 50; i++ {
+		if got := pick(t, p, pool, "qwen2.5-7b", fmt.Sprintf("q %d", i)); got != "b:1" {
+			t.Fatalf("qwen request went to %s; only b:1 serves qwen", got)
+		}
+	}
+	if got := pick(t, p, pool, "mistral", "x"); got != "" {
+		t.Fatalf("a model nobody serves got %s, want no upstream", got)
+	}
+	p.state.upstream("a:1").inFlight.Store(2)
+	for i := 0; i < 20; i++ {
+		if got := pick(t, p, pool, "llama-3.1-8b", fmt.Sprintf("l %d", i)); got != "c:1" {
+			t.Fatalf("a:1 is at max_concurrency; request went to %s", got)
+		}
+	}
+	p.state.upstream("c:1").inFlight.Store(100) // no max_concurrency: never saturated
+	p.state.upstream("a:1").inFlight.Store(0)
+	if got := pick(t, p, pool, "", "no model at all"); got == "" {
+		t.Fatalf("a request without a model must go somewhere")
+	}
+}
+
+func TestSelectEmptyPool(t *testing.T) {
+	p := newPolicy(t, nil)
+	if got := pick(t, p, nil, "m", "x"); got != "" {
+		t.Fatalf("empty pool gave %s", got)
+	}
+}
+
+func TestSelectJouleFallback(t *testing.T) {
+	mk := func(uj float64) energy.Profile { return energy.Profile{EnergyPerToken: energy.Joules(uj * 1e-6)} }
+	p := newPolicy(t, &KVCacheAware{Upstreams: map[string]energy.Profile{
+		"a:1": mk(200), "b:1": mk(50), "c:1": mk(150),
+	}})
+	pool := newPool("a:1", "b:1", "c:1")
+	for i := 0; i < 10; i++ {
+		if got := pick(t, p, pool, "m", coldPrompt(i)); got != "b:1" {
+			t.Fatalf("joule fallback chose %s, want the 50µJ upstream b:1", got)
+		}
+	}
+}
+
+func TestSelectNoBodyAndGarbage(t *testing.T) {
+	p := newPolicy(t, nil)
+	pool := newPool("a:1", "b:1")
+	for _, body := range []string{"", "not json", "\x00\x01\xff", `{"messages": 5}`, strings.Repeat("[", 100000)} {
+		r := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", strings.NewReader(body))
+		r = r.WithContext(context.WithValue(r.Context(), caddyhttp.VarsCtxKey, map[string]any{}))
+		if up := p.Select(pool, r, nil); up == nil {
+			t.Errorf("body %.20q: no upstream", body)
+		}
+	}
+}
+
+// routingText is the routing text of chatRequest(model, prompt).
+func routingText(model, prompt string) string {
+	r, cancel := chatRequest(model, prompt)
+	defer cancel()
+	return requestFor(r, DefaultMaxBody).Text
+}
+
+// coldPrompt returns prompts that share no prefix with each other beyond a char or two.
+func coldPrompt(i int) string {
+	x := uint64(i)*0x9E3779B97F4A7C15 + 1
+	x ^= x >> 29
+	x *= 0xBF58476D1CE4E5B9
+	x ^= x >> 32
+	return fmt.Sprintf("%016x is a cold prompt", x)
+}
+
+func sleepBriefly() { time.Sleep(10 * time.Millisecond) }
+
+func waitFor(t testing.TB, cond func() bool, what string) {
+	t.Helper()
+	for i := 0; i < 200; i++ {
+		if cond() {
+			return
+		}
+		sleepBriefly()
+	}
+	t.Fatalf("timed out waiting: %s", what)
+}

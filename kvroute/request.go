@@ -1,0 +1,98 @@
+package kvroute
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"net/http"
+	"strconv"
+	"sync/atomic"
+	"unicode/utf8"
+
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+
+	"github.com/kvroute/caddy-kvroute/kvroute/llmreq"
+)
+
+// DefaultMaxBody is how many body bytes are read for routing when neither the matcher nor the
+// policy says otherwise. Larger bodies route on their first DefaultMaxBody bytes and still reach
+// the upstream whole.
+const DefaultMaxBody = 4 << 20
+
+// Bounds on client-controlled keys: a model or session id longer than this is replaced by a
+// digest, so the memory a client can pin per key is fixed.
+const (
+	maxModelLen   = 256
+	maxSessionLen = 128
+)
+
+// varRequest is the http.vars key under which the extracted request is cached for the rest of
+// the request's life (matcher, policy, retries).
+const varRequest = "kvroute.request"
+
+// llmRequest is what kvroute knows about one HTTP request. It is created once per request (by
+// the matcher or by the first Select) and lives in the request's vars.
+type llmRequest struct {
+	llmreq.Request
+	err error // reading the body failed; the request routes without text
+
+	runes int // chars of Text
+
+	// pick is the upstream this request is counted against while in flight; a retry moves it.
+	pick atomic.Pointer[upstreamState]
+}
+
+// requestFor returns the request's extracted LLM request, reading at most maxBody bytes of the
+// body the first time (the body is restored byte for byte). It caches the result in the
+// request's vars, so the matcher and every Select of every retry share one extraction.
+func requestFor(r *http.Request, maxBody int64) *llmRequest {
+	if v, ok := caddyhttp.GetVar(r.Context(), varRequest).(*llmRequest); ok && v != nil {
+		return v
+	}
+	lr := new(llmRequest)
+	if r.Body != nil && r.Body != http.NoBody {
+		prefix, truncated, err := llmreq.ReadBody(r, maxBody)
+		lr.err = err
+		if len(prefix) > 0 {
+			lr.Request = llmreq.Parse(prefix, truncated || err != nil)
+		}
+	}
+	lr.Model = boundKey(lr.Model, maxModelLen)
+	lr.Session = boundKey(lr.Session, maxSessionLen)
+	lr.runes = utf8.RuneCountInString(lr.Text)
+	if hasVars(r) {
+		caddyhttp.SetVar(r.Context(), varRequest, lr)
+		setPlaceholders(r, lr)
+	}
+	return lr
+}
+
+// hasVars reports whether the request carries Caddy's vars map (requests made outside a Caddy
+// server, as in unit tests, do not).
+func hasVars(r *http.Request) bool {
+	_, ok := r.Context().Value(caddyhttp.VarsCtxKey).(map[string]any)
+	return ok
+}
+
+func setPlaceholders(r *http.Request, lr *llmRequest) {
+	ctx := r.Context()
+	caddyhttp.SetVar(ctx, "llm.model", lr.Model)
+	caddyhttp.SetVar(ctx, "llm.session", lr.Session)
+	caddyhttp.SetVar(ctx, "llm.prompt_chars", strconv.Itoa(lr.runes))
+	caddyhttp.SetVar(ctx, "llm.max_tokens", strconv.Itoa(lr.MaxTokens))
+	caddyhttp.SetVar(ctx, "llm.stream", strconv.FormatBool(lr.Stream))
+	caddyhttp.SetVar(ctx, "llm.format", lr.Format.String())
+}
+
+// boundKey returns s, or a digest of it when s is longer than max bytes or is not valid UTF-8.
+func boundKey(s string, max int) string {
+	if len(s) <= max && utf8.ValidString(s) {
+		return s
+	}
+	sum := sha256.Sum256([]byte(s))
+	return "sha256:" + hex.EncodeToString(sum[:])
+}
+
+// promptTokens estimates the prompt's tokens: chars / 4.
+func (lr *llmRequest) promptTokens() int64 {
+	return int64(lr.runes+3) / 4
+}
