@@ -84,6 +84,8 @@ test)
 	go vet ./...
 	# -p 1: caddytest packages share the admin port 2999.
 	go test -race -p 1 -count 1 "$@" ./...
+	# The benchmark-only peer policies are a module of their own.
+	(cd examples/peers && go vet ./... && go test -race -count 1 "$@" ./...)
 	;;
 *)
 	sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'

@@ -315,8 +315,8 @@ func (p *KVCacheAware) Select(pool reverseproxy.UpstreamPool, r *http.Request, w
 	}
 
 	// 4. Prefix.
-	if chosen < 0 && req.runes > 0 {
-		if i := longestMatch(cands); i >= 0 && float64(cands[i].match)/float64(req.runes) > p.cacheThreshold {
+	if chosen < 0 && req.Runes > 0 {
+		if i := longestMatch(cands); i >= 0 && float64(cands[i].match)/float64(req.Runes) > p.cacheThreshold {
 			chosen, path = i, pathPrefixHit
 		}
 	}
@@ -560,15 +560,15 @@ func (s *state) untrack(req *llmRequest) {
 // record counts a decision in the upstream's counters and the metrics, and logs it.
 func (p *KVCacheAware) record(c *candidate, req *llmRequest, path int, matched int) {
 	ratio := 0.0
-	if req.runes > 0 {
-		ratio = float64(matched) / float64(req.runes)
+	if req.Runes > 0 {
+		ratio = float64(matched) / float64(req.Runes)
 	}
 	metrics.decisions[path].Inc()
 	addr := ""
 	if c != nil {
 		addr = c.up.Dial
 		c.st.decisions[path].Add(1)
-		if req.runes > 0 {
+		if req.Runes > 0 {
 			metrics.matchRatio.Observe(ratio)
 		}
 		if matched > 0 && (path == pathSession || path == pathPrefixHit || path == pathImbalance) {
@@ -585,7 +585,7 @@ func (p *KVCacheAware) record(c *candidate, req *llmRequest, path int, matched i
 			zap.String("upstream", addr),
 			zap.Float64("match_ratio", ratio),
 			zap.String("model", req.Model),
-			zap.Int("prompt_chars", req.runes),
+			zap.Int("prompt_chars", req.Runes),
 			zap.String("format", req.Format.String()),
 		)
 	}

@@ -35,8 +35,6 @@ type llmRequest struct {
 	llmreq.Request
 	err error // reading the body failed; the request routes without text
 
-	runes int // chars of Text
-
 	// pick is the upstream this request is counted against while in flight; a retry moves it.
 	pick atomic.Pointer[upstreamState]
 }
@@ -58,7 +56,6 @@ func requestFor(r *http.Request, maxBody int64) *llmRequest {
 	}
 	lr.Model = boundKey(lr.Model, maxModelLen)
 	lr.Session = boundKey(lr.Session, maxSessionLen)
-	lr.runes = utf8.RuneCountInString(lr.Text)
 	if hasVars(r) {
 		caddyhttp.SetVar(r.Context(), varRequest, lr)
 		setPlaceholders(r, lr)
@@ -77,7 +74,7 @@ func setPlaceholders(r *http.Request, lr *llmRequest) {
 	ctx := r.Context()
 	caddyhttp.SetVar(ctx, "llm.model", lr.Model)
 	caddyhttp.SetVar(ctx, "llm.session", lr.Session)
-	caddyhttp.SetVar(ctx, "llm.prompt_chars", strconv.Itoa(lr.runes))
+	caddyhttp.SetVar(ctx, "llm.prompt_chars", strconv.Itoa(lr.Runes))
 	caddyhttp.SetVar(ctx, "llm.max_tokens", strconv.Itoa(lr.MaxTokens))
 	caddyhttp.SetVar(ctx, "llm.stream", strconv.FormatBool(lr.Stream))
 	caddyhttp.SetVar(ctx, "llm.format", lr.Format.String())
@@ -94,5 +91,5 @@ func boundKey(s string, max int) string {
 
 // promptTokens estimates the prompt's tokens: chars / 4.
 func (lr *llmRequest) promptTokens() int64 {
-	return int64(lr.runes+3) / 4
+	return int64(lr.Runes+3) / 4
 }

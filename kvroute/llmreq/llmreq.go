@@ -1,6 +1,8 @@
 package llmreq
 
 import (
+	"encoding/binary"
+	"math/bits"
 	"strconv"
 	"sync"
 )
@@ -38,6 +40,8 @@ type Request struct {
 	Model string
 	// Text is the routing text (see the package documentation); "" when none. It is valid UTF-8.
 	Text string
+	// Runes is the length of Text in runes (Unicode code points).
+	Runes int
 	// Session is the body field prompt_cache_key (OpenAI); "" when absent. It is kept whole,
 	// however long: the caller bounds it.
 	Session string
@@ -68,7 +72,31 @@ func Parse(body []byte, truncated bool) Request {
 	p := parsers.Get().(*parser)
 	defer p.release()
 	p.scanner = scanner{b: body, trunc: truncated, key: p.key}
-	return p.parse()
+	r := p.parse()
+	r.Runes = countRunes(r.Text)
+	return r
+}
+
+// countRunes counts the runes of valid UTF-8 text eight bytes at a time: every byte that is not
+// a continuation byte (10xxxxxx) starts a rune. utf8.RuneCountInString takes about 1 ns a byte,
+// a fair share of a routing decision on long prompts.
+func countRunes(s string) int {
+	const lo = 0x0101010101010101
+	cont := 0
+	i := 0
+	for ; i+8 <= len(s); i += 8 {
+		w := binary.LittleEndian.Uint64([]byte(s[i : i+8]))
+		if w&(lo*0x80) == 0 {
+			continue // all ASCII
+		}
+		cont += bits.OnesCount64((w >> 7) &^ (w >> 6) & lo)
+	}
+	for ; i < len(s); i++ {
+		if s[i]&0xC0 == 0x80 {
+			cont++
+		}
+	}
+	return len(s) - cont
 }
 
 var parsers = sync.Pool{New: func() any { return new(parser) }}

@@ -200,6 +200,7 @@ func TestParse(t *testing.T) {
 	for _, tt := range parseTests {
 		t.Run(tt.name, func(t *testing.T) {
 			got := Parse([]byte(tt.body), false)
+			tt.want.Runes = utf8.RuneCountInString(tt.want.Text)
 			if got != tt.want {
 				t.Errorf("Parse(%q)\n got %s\nwant %s", tt.body, show(got), show(tt.want))
 			}
@@ -272,6 +273,7 @@ func TestParseTruncated(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			want := tt.want
 			want.Truncated = want != Request{}
+			want.Runes = utf8.RuneCountInString(want.Text)
 			if got := Parse([]byte(tt.body), true); got != want {
 				t.Errorf("Parse(%q, true)\n got %s\nwant %s", tt.body, show(got), show(want))
 			}
@@ -431,4 +433,24 @@ func TestParseDoesNotKeepBody(t *testing.T) {
 	if got.Model != "m" || got.Text != "abc" || got.Session != "s" {
 		t.Errorf("result changed with the body: %s", show(got))
 	}
+}
+
+func TestCountRunes(t *testing.T) {
+	for _, s := range []string{"", "a", "héllo wörld", "日本語のテキスト", "emoji 😀🎉 and \x00 and \n", strings.Repeat("abcdefg", 100) + "é", strings.Repeat("ü", 33)} {
+		if got, want := countRunes(s), utf8.RuneCountInString(s); got != want {
+			t.Errorf("countRunes(%q) = %d, want %d", s, got, want)
+		}
+	}
+}
+
+func FuzzCountRunes(f *testing.F) {
+	f.Add("héllo 日本 😀")
+	f.Fuzz(func(t *testing.T, s string) {
+		if !utf8.ValidString(s) {
+			return
+		}
+		if got, want := countRunes(s), utf8.RuneCountInString(s); got != want {
+			t.Fatalf("countRunes(%q) = %d, want %d", s, got, want)
+		}
+	})
 }

@@ -8,12 +8,14 @@ import (
 	"math"
 	"strconv"
 	"strings"
+	"unicode/utf8"
 )
 
 // refParse is a slow reference for Parse on complete bodies, written from the package
 // documentation with encoding/json. ok is false when encoding/json rejects the body (Parse is
 // more lenient inside strings) or the body nests deeper than Parse accepts.
 func refParse(body []byte) (req Request, ok bool) {
+	defer func() { req.Runes = utf8.RuneCountInString(req.Text) }()
 	if !json.Valid(body) || nesting(body) > maxDepth {
 		return Request{}, false
 	}
