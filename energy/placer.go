@@ -80,6 +80,11 @@ type Candidate struct {
 	InFlight int
 	// QueuedTokens is the estimated prompt tokens of those requests.
 	QueuedTokens int64
+	// CachedTokens is the router's estimate of the prompt tokens the upstream holds in KV cache.
+	// Among candidates tied on cost and busyness, a cold request goes to the one holding the
+	// least: it has the most free cache and no prefixes to protect, and new prefix groups
+	// spread over the fleet instead of stacking on whichever upstream a coin picked.
+	CachedTokens int64
 }
 
 // Busyness scores how loaded an upstream is: 4 per request in flight plus
@@ -190,7 +195,7 @@ func placeByCost(cands []Candidate, expectedTokens int, carbon bool) int {
 		if carbon {
 			cost = cost * ci / joulesPerKWh
 		}
-		t.offer(i, cost, Busyness(c.InFlight, c.QueuedTokens))
+		t.offer(i, cost, Busyness(c.InFlight, c.QueuedTokens), float64(c.CachedTokens))
 	}
 	return t.best
 }
@@ -198,26 +203,29 @@ func placeByCost(cands []Candidate, expectedTokens int, carbon bool) int {
 func leastBusy(cands []Candidate) int {
 	var t tieBreak
 	for i := range cands {
-		t.offer(i, Busyness(cands[i].InFlight, cands[i].QueuedTokens), 0)
+		t.offer(i, Busyness(cands[i].InFlight, cands[i].QueuedTokens), float64(cands[i].CachedTokens), 0)
 	}
 	return t.best
 }
 
-// tieBreak finds the minimum of (primary, secondary) keys offered in
-// order, choosing uniformly among tied candidates by reservoir sampling:
+// tieBreak finds the minimum of (primary, secondary, tertiary) keys offered
+// in order, choosing uniformly among tied candidates by reservoir sampling:
 // the k-th tied candidate replaces the choice with probability 1/k. It
 // needs no memory per candidate, so placement does not allocate.
 type tieBreak struct {
-	best               int
-	ties               int
-	primary, secondary float64
+	best                         int
+	ties                         int
+	primary, secondary, tertiary float64
 }
 
-func (t *tieBreak) offer(i int, primary, secondary float64) {
+func (t *tieBreak) offer(i int, primary, secondary, tertiary float64) {
 	if t.ties > 0 {
 		c := compare(primary, t.primary)
 		if c == 0 {
 			c = compare(secondary, t.secondary)
+		}
+		if c == 0 {
+			c = compare(tertiary, t.tertiary)
 		}
 		if c > 0 {
 			return
@@ -230,7 +238,7 @@ func (t *tieBreak) offer(i int, primary, secondary float64) {
 			return
 		}
 	}
-	t.best, t.ties, t.primary, t.secondary = i, 1, primary, secondary
+	t.best, t.ties, t.primary, t.secondary, t.tertiary = i, 1, primary, secondary, tertiary
 }
 
 // tieEpsilon is the relative difference under which two scores are equal:

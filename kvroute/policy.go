@@ -501,7 +501,12 @@ func (p *KVCacheAware) place(cands []candidate, req *llmRequest) int {
 	var buf [16]energy.Candidate
 	ec := buf[:0]
 	for i := range cands {
-		ec = append(ec, energy.Candidate{Profile: cands[i].prof, InFlight: int(cands[i].load), QueuedTokens: cands[i].st.queuedTokens.Load()})
+		ec = append(ec, energy.Candidate{
+			Profile:      cands[i].prof,
+			InFlight:     int(cands[i].load),
+			QueuedTokens: cands[i].st.queuedTokens.Load(),
+			CachedTokens: p.state.forest.TenantChars(cands[i].up.Dial) / 4,
+		})
 	}
 	expected := req.MaxTokens
 	if expected <= 0 {

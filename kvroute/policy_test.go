@@ -312,3 +312,22 @@ func waitFor(t testing.TB, cond func() bool, what string) {
 	}
 	t.Fatalf("timed out waiting: %s", what)
 }
+
+// New prefix groups spread over the fleet: a cold request tied on cost and busyness goes to the
+// upstream holding the least, so four system prompts arriving one after the other on an idle
+// fleet of four land on four different upstreams (SGLang's router, breaking ties by index or
+// by a coin, stacks groups; DEVELOPERS.md measured imbalance 2.0 from it).
+func TestSelectColdGroupsSpread(t *testing.T) {
+	for run := 0; run < 20; run++ {
+		p := newPolicy(t, nil)
+		pool := newPool("a:1", "b:1", "c:1", "d:1")
+		homes := map[string]int{}
+		for g := 0; g < 4; g++ {
+			sys := fmt.Sprintf("System prompt of group %d. ", g) + strings.Repeat(fmt.Sprintf("Rule %d. ", g), 200)
+			homes[pick(t, p, pool, "m", sys+"first question")]++
+		}
+		if len(homes) != 4 {
+			t.Fatalf("run %d: 4 groups on an idle fleet of 4 landed on %v", run, homes)
+		}
+	}
+}
