@@ -1,6 +1,7 @@
 package kvroute
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"math"
@@ -420,76 +421,71 @@ func (p *KVCacheAware) imbalanced(cands []candidate) bool {
 }
 
 // longestInBand returns the candidate with the longest cached prefix among those whose load is
-// within the balance thresholds of the least loaded candidate; the least busy of them when
-// none holds any prefix.
+// within the balance thresholds of the least loaded candidate; the least busy candidate when
+// none of them holds any prefix.
 func (p *KVCacheAware) longestInBand(cands []candidate) int {
 	lo := cands[0].load
 	for _, c := range cands[1:] {
 		lo = min(lo, c.load)
 	}
-	best, bestMatch, ties := -1, 0, 0
-	for i, c := range cands {
-		if c.load-lo > p.absThreshold && float64(c.load) > float64(lo)*p.relThreshold {
-			continue // out of band
-		}
-		switch {
-		case best < 0 || c.match > bestMatch:
-			best, bestMatch, ties = i, c.match, 1
-		case c.match == bestMatch:
-			ties++
-			if rand.IntN(ties) == 0 {
-				best = i
-			}
-		}
+	inBand := func(c *candidate) bool {
+		return c.match > 0 && (c.load-lo <= p.absThreshold || float64(c.load) <= float64(lo)*p.relThreshold)
 	}
-	if bestMatch == 0 {
-		return leastBusy(cands)
+	if i := best(cands, inBand, longerThenIdler); i >= 0 {
+		return i
 	}
-	return best
+	return leastBusy(cands)
 }
 
 // longestMatch returns the candidate holding the longest prefix, the least busy of those tied,
 // or -1 when none holds any.
 func longestMatch(cands []candidate) int {
-	best, ties := -1, 0
-	for i := range cands {
-		c := &cands[i]
-		if c.match == 0 {
-			continue
-		}
-		switch {
-		case best < 0 || c.match > cands[best].match:
-			best, ties = i, 1
-		case c.match == cands[best].match:
-			b, bb := busyness(c), busyness(&cands[best])
-			if b < bb {
-				best, ties = i, 1
-			} else if b == bb {
-				ties++
-				if rand.IntN(ties) == 0 {
-					best = i
-				}
-			}
-		}
-	}
-	return best
+	return best(cands, func(c *candidate) bool { return c.match > 0 }, longerThenIdler)
 }
 
-// leastBusy returns the candidate with the lowest busyness, ties broken at random.
+// leastBusy returns the candidate with the lowest busyness.
 func leastBusy(cands []candidate) int {
-	best, ties := 0, 1
-	for i := 1; i < len(cands); i++ {
-		b, bb := busyness(&cands[i]), busyness(&cands[best])
-		if b < bb {
-			best, ties = i, 1
-		} else if b == bb {
+	return best(cands, func(*candidate) bool { return true }, idler)
+}
+
+// best returns the eligible candidate that rank puts first (rank(a, b) > 0: a is better),
+// choosing uniformly at random among those tied, never the first by default; -1 when none is
+// eligible.
+func best(cands []candidate, eligible func(*candidate) bool, rank func(a, b *candidate) int) int {
+	b, ties := -1, 0
+	for i := range cands {
+		c := &cands[i]
+		if !eligible(c) {
+			continue
+		}
+		d := 1
+		if b >= 0 {
+			d = rank(c, &cands[b])
+		}
+		switch {
+		case d > 0:
+			b, ties = i, 1
+		case d == 0:
 			ties++
 			if rand.IntN(ties) == 0 {
-				best = i
+				b = i
 			}
 		}
 	}
-	return best
+	return b
+}
+
+// longerThenIdler ranks the longer cached prefix first, then the less busy.
+func longerThenIdler(a, b *candidate) int {
+	if a.match != b.match {
+		return cmp.Compare(a.match, b.match)
+	}
+	return idler(a, b)
+}
+
+// idler ranks the less busy first.
+func idler(a, b *candidate) int {
+	return cmp.Compare(busyness(b), busyness(a))
 }
 
 func busyness(c *candidate) float64 {
