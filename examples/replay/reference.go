@@ -55,7 +55,7 @@ func Estimate(w workload.Workload, opts Options) *Result {
 	start := time.Now()
 	h := newHitCounter(opts.FleetBlocks)
 	for _, c := range sendOrder(w, opts) {
-		h.add(llmsim.NewPrompt(SimText(c), opts.BlockTokens))
+		h.add(opts.Prompt(c.Resolve()))
 	}
 	res := summarize(nil, opts, 0)
 	res.Workload = w.Name

@@ -47,6 +47,10 @@ type Options struct {
 	NoStream bool
 	// BlockTokens is the fleet's KV block size, for the reference (default 16).
 	BlockTokens int
+	// Prompt returns a resolved call's prompt as the fleet's prefix cache sees it, for the
+	// reference (default: the simulator's, llmsim.NewPrompt of SimText with BlockTokens). A
+	// fleet of another simulator, with its own tokenizer, sets its own.
+	Prompt func(workload.Call) llmsim.Prompt
 	// FleetBlocks is the prefix cache capacity of the whole fleet in blocks; 0 skips the
 	// reference hit ratio.
 	FleetBlocks int
@@ -75,6 +79,10 @@ func (o Options) withDefaults() Options {
 	}
 	if o.BlockTokens <= 0 {
 		o.BlockTokens = llmsim.DefaultBlockTokens
+	}
+	if o.Prompt == nil {
+		blockTokens := o.BlockTokens
+		o.Prompt = func(c workload.Call) llmsim.Prompt { return llmsim.NewPrompt(SimText(c), blockTokens) }
 	}
 	if o.Timeout <= 0 {
 		o.Timeout = 10 * time.Minute
@@ -213,7 +221,7 @@ func (r *runner) waitUntil(ctx context.Context, at time.Duration) bool {
 // send sends one call and fills its record.
 func (r *runner) send(ctx context.Context, session string, turn int, c workload.Call) {
 	c = c.Resolve()
-	prompt := llmsim.NewPrompt(SimText(c), r.opts.BlockTokens)
+	prompt := r.opts.Prompt(c)
 	body, err := c.Body(!r.opts.NoStream)
 	seq := r.seq.Add(1) - 1
 	rec := &r.records[seq]

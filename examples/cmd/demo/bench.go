@@ -1,0 +1,177 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"os"
+	"time"
+
+	"github.com/kvroute/caddy-kvroute/examples/replay"
+	"github.com/kvroute/caddy-kvroute/examples/workload"
+)
+
+// bench runs policies through Caddy on one fleet.
+type bench struct {
+	cfg      *config
+	bin      *caddyBinary
+	fleet    fleet
+	workload workload.Workload
+}
+
+// runOnce replays the workload once through a fresh Caddy with policy p on a fleet with empty
+// caches.
+func (b *bench) runOnce(ctx context.Context, p policy) (*replay.Result, error) {
+	if err := b.fleet.Fresh(ctx); err != nil {
+		return nil, err
+	}
+	caddy, err := b.startCaddy(ctx, p)
+	if err != nil {
+		return nil, err
+	}
+	opts := b.cfg.replayOptions(caddy.URL, b.fleet.CapacityBlocks(), b.fleet.BlockTokens())
+	opts.Prompt = b.fleet.Prompt()
+	opts.Client = b.fleet.Client(max(opts.Concurrency, opts.MaxInFlight, 256))
+	res, err := replay.Run(ctx, b.workload, opts)
+	if stopErr := caddy.Stop(); err == nil && stopErr != nil {
+		fmt.Fprintln(os.Stderr, "warning:", stopErr)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if res.Interrupted {
+		return res, ctx.Err()
+	}
+	return res, nil
+}
+
+// startCaddy starts Caddy in front of the fleet with policy p.
+func (b *bench) startCaddy(ctx context.Context, p policy) (*caddyProcess, error) {
+	ports, err := freePorts(2)
+	if err != nil {
+		return nil, err
+	}
+	s := site{AdminPort: ports[0], Port: ports[1], Upstreams: b.fleet.Addrs(), Policy: p}
+	return startCaddy(ctx, b.bin, s, b.cfg.verbose)
+}
+
+// compare runs every policy -repeats times and returns their results, in table order.
+func (b *bench) compare(ctx context.Context, policies []policy) ([]*policyResult, error) {
+	var out []*policyResult
+	for _, p := range policies {
+		pr := &policyResult{Policy: p.Name, Label: p.label(), Options: p.Block}
+		for rep := range b.cfg.repeats {
+			start := time.Now()
+			fmt.Printf("%-20s run %d/%d ... ", p.Name, rep+1, b.cfg.repeats)
+			res, err := b.runOnce(ctx, p)
+			if err != nil {
+				fmt.Println()
+				return out, fmt.Errorf("%s: %w", p.Name, err)
+			}
+			fmt.Printf("hit %.3f (reference %.3f), imbalance %.2f, %d errors, %s\n",
+				res.HitRatio, res.ReferenceHitRatio, res.Imbalance, res.Errors, time.Since(start).Round(100*time.Millisecond))
+			pr.Runs = append(pr.Runs, res)
+		}
+		pr.Summary = summarize(pr.Runs, b.fleet.Addrs())
+		out = append(out, pr)
+	}
+	return out, nil
+}
+
+// policyResult is every run of one policy and their summary.
+type policyResult struct {
+	Policy  string           `json:"policy"`
+	Label   string           `json:"lb_policy"`
+	Options []string         `json:"options,omitempty"`
+	Summary summary          `json:"summary"`
+	Runs    []*replay.Result `json:"runs"`
+}
+
+// summary is the mean over the runs of a policy, with the min and max of the figures that vary
+// most between runs.
+type summary struct {
+	Runs              int       `json:"runs"`
+	Requests          int       `json:"requests"`
+	HitRatio          span      `json:"hit_ratio"`
+	HitOverReference  float64   `json:"hit_over_reference"`
+	ReferenceHitRatio float64   `json:"reference_hit_ratio"`
+	InfiniteHitRatio  float64   `json:"infinite_hit_ratio"`
+	TTFTP50Ms         float64   `json:"ttft_p50_ms"`
+	TTFTP99Ms         float64   `json:"ttft_p99_ms"`
+	LatencyP50Ms      float64   `json:"latency_p50_ms"`
+	LatencyP99Ms      float64   `json:"latency_p99_ms"`
+	PerWorker         []float64 `json:"per_worker"` // mean requests, in fleet order
+	Unattributed      float64   `json:"unattributed,omitempty"`
+	Imbalance         span      `json:"imbalance"`
+	Errors            int       `json:"errors"`
+	RequestsPerSecond float64   `json:"requests_per_second"`
+	ErrorSamples      []string  `json:"error_samples,omitempty"`
+	WallSecondsPerRun float64   `json:"wall_seconds_per_run"`
+}
+
+// span is a mean with the least and greatest value it was taken over.
+type span struct {
+	Mean float64 `json:"mean"`
+	Min  float64 `json:"min"`
+	Max  float64 `json:"max"`
+}
+
+func newSpan(xs []float64) span {
+	s := span{Min: math.Inf(1), Max: math.Inf(-1)}
+	for _, x := range xs {
+		s.Mean += x
+		s.Min, s.Max = min(s.Min, x), max(s.Max, x)
+	}
+	if len(xs) == 0 {
+		return span{}
+	}
+	s.Mean /= float64(len(xs))
+	return s
+}
+
+// summarize averages runs; requests per worker are put in the order of addrs (Caddy names
+// the upstream it dialed in the worker header).
+func summarize(runs []*replay.Result, addrs []string) summary {
+	s := summary{Runs: len(runs), PerWorker: make([]float64, len(addrs))}
+	if len(runs) == 0 {
+		return s
+	}
+	index := map[string]int{}
+	for i, a := range addrs {
+		index[a] = i
+	}
+	var hits, imbs []float64
+	n := float64(len(runs))
+	for _, r := range runs {
+		hits = append(hits, r.HitRatio)
+		imbs = append(imbs, r.Imbalance)
+		if r.ReferenceHitRatio > 0 {
+			s.HitOverReference += r.HitRatio / r.ReferenceHitRatio / n
+		}
+		s.Requests += r.Requests
+		s.ReferenceHitRatio += r.ReferenceHitRatio / n
+		s.InfiniteHitRatio += r.InfiniteHitRatio / n
+		s.TTFTP50Ms += r.TTFTP50Ms / n
+		s.TTFTP99Ms += r.TTFTP99Ms / n
+		s.LatencyP50Ms += r.LatencyP50Ms / n
+		s.LatencyP99Ms += r.LatencyP99Ms / n
+		s.RequestsPerSecond += r.RequestsPerSecond / n
+		s.WallSecondsPerRun += r.WallSeconds / n
+		s.Errors += r.Errors
+		for w, c := range r.PerWorker {
+			if i, ok := index[w]; ok {
+				s.PerWorker[i] += float64(c) / n
+			} else {
+				s.Unattributed += float64(c) / n
+			}
+		}
+		for _, e := range r.ErrorSamples {
+			if len(s.ErrorSamples) < 3 {
+				s.ErrorSamples = append(s.ErrorSamples, e)
+			}
+		}
+	}
+	s.Requests /= len(runs)
+	s.HitRatio, s.Imbalance = newSpan(hits), newSpan(imbs)
+	return s
+}

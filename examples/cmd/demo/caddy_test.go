@@ -1,0 +1,141 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func TestCaddyfile(t *testing.T) {
+	s := site{
+		AdminPort: 2999, Port: 8080, Upstreams: []string{"127.0.0.1:8001", "127.0.0.1:8002"},
+		Policy: allPolicies([]string{"cache_threshold 0.5", "balance_abs_threshold 8"})[0],
+	}
+	got := s.caddyfile()
+	for _, want := range []string{
+		"admin localhost:2999",
+		":8080 {",
+		"bind 127.0.0.1",
+		"@llm llm_prompt",
+		"reverse_proxy @llm 127.0.0.1:8001 127.0.0.1:8002 {",
+		"lb_policy kv_cache_aware {\n\t\t\tcache_threshold 0.5\n\t\t\tbalance_abs_threshold 8\n\t\t}",
+		"header_down X-Kvsim-Worker {http.reverse_proxy.upstream.hostport}",
+		"\treverse_proxy 127.0.0.1:8001 127.0.0.1:8002\n",
+	} {
+		if !strings.Contains(got, want) {
+			t.Errorf("Caddyfile lacks %q:\n%s", want, got)
+		}
+	}
+
+	s.Policy, s.NoMatcher = policy{Name: "round_robin", Module: "round_robin"}, true
+	got = s.caddyfile()
+	if strings.Contains(got, "llm_prompt") || !strings.Contains(got, "reverse_proxy 127.0.0.1:8001 127.0.0.1:8002 {\n\t\tlb_policy round_robin\n") {
+		t.Errorf("no-matcher Caddyfile:\n%s", got)
+	}
+}
+
+// TestCaddyfileAdapts runs `caddy adapt --validate` on the Caddyfile of every policy the binary
+// in KVROUTE_CADDY has (./xcaddy.sh test sets it), and checks that the policy and the matcher
+// made it into the JSON.
+func TestCaddyfileAdapts(t *testing.T) {
+	path := os.Getenv("KVROUTE_CADDY")
+	if path == "" {
+		t.Skip("KVROUTE_CADDY not set: no Caddy binary to adapt with")
+	}
+	bin, err := newCaddyBinary(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tried := 0
+	for _, p := range allPolicies([]string{"cache_threshold 0.3", "balance_abs_threshold 8", "on_imbalance prefix_in_band"}) {
+		if !bin.has(policyModulePrefix + p.Module) {
+			continue
+		}
+		tried++
+		t.Run(p.Name, func(t *testing.T) {
+			s := site{AdminPort: 2999, Port: 8080, Upstreams: []string{"127.0.0.1:8001", "127.0.0.1:8002"}, Policy: p}
+			out, err := adapt(bin.path, s.caddyfile())
+			if err != nil {
+				t.Fatalf("%v\n%s", err, s.caddyfile())
+			}
+			if !json.Valid(out) {
+				t.Fatalf("adapt output is not JSON: %s", out)
+			}
+			for _, want := range []string{`"policy":"` + p.Module + `"`, `"llm_prompt"`, `"X-Kvsim-Worker"`} {
+				if !bytes.Contains(out, []byte(want)) {
+					t.Errorf("adapted JSON lacks %s: %s", want, out)
+				}
+			}
+		})
+	}
+	if tried == 0 {
+		t.Fatalf("%s has none of the demo's policies", path)
+	}
+}
+
+// adapt runs `caddy adapt --validate` on a Caddyfile text and returns the JSON.
+func adapt(bin, text string) ([]byte, error) {
+	dir, err := os.MkdirTemp("", "kvroute-demo-adapt-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(dir)
+	file := filepath.Join(dir, "Caddyfile")
+	if err := os.WriteFile(file, []byte(text), 0o644); err != nil {
+		return nil, err
+	}
+	var stderr bytes.Buffer
+	cmd := exec.Command(bin, "adapt", "--config", file, "--adapter", "caddyfile", "--validate")
+	cmd.Stderr = &stderr
+	cmd.Env = append(os.Environ(), "XDG_CONFIG_HOME="+dir, "XDG_DATA_HOME="+dir)
+	out, err := cmd.Output()
+	if err != nil {
+		return nil, &adaptError{err: err, stderr: stderr.String()}
+	}
+	return out, nil
+}
+
+type adaptError struct {
+	err    error
+	stderr string
+}
+
+func (e *adaptError) Error() string { return "caddy adapt: " + e.err.Error() + ": " + e.stderr }
+
+func TestSelectPolicies(t *testing.T) {
+	bin := &caddyBinary{modules: map[string]bool{moduleMatcher: true, moduleKV: true}}
+	for _, m := range []string{"round_robin", "least_conn", "random", "header"} {
+		bin.modules[policyModulePrefix+m] = true
+	}
+	cfg := &config{caddy: "caddy"}
+	got, notes, err := selectPolicies(cfg, bin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, p := range got {
+		names = append(names, p.Name)
+	}
+	if strings.Join(names, ",") != "kv_cache_aware,round_robin,least_conn,random,header" || len(notes) != 2 {
+		t.Errorf("default policies = %v, notes %q", names, notes)
+	}
+
+	cfg.policies = "round_robin, kv_cache_aware"
+	if got, _, err = selectPolicies(cfg, bin); err != nil || len(got) != 2 || got[0].Name != "round_robin" {
+		t.Errorf("-policies %q = %v, %v", cfg.policies, got, err)
+	}
+	for _, bad := range []string{"prefix_hash", "nope"} {
+		cfg.policies = bad
+		if _, _, err := selectPolicies(cfg, bin); err == nil {
+			t.Errorf("-policies %s: no error", bad)
+		}
+	}
+	cfg.policies = "none"
+	if got, _, err = selectPolicies(cfg, bin); err != nil || len(got) != 0 {
+		t.Errorf("-policies none = %v, %v", got, err)
+	}
+}

@@ -1,0 +1,279 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/kvroute/caddy-kvroute/examples/replay"
+	"github.com/kvroute/caddy-kvroute/examples/workload"
+)
+
+// errHelp is returned by parseFlags after -h printed the usage.
+var errHelp = flag.ErrHelp
+
+// Per-workload defaults (examples/README.md, "Fleet sizes"). The chat workload is
+// workload.DefaultChat (64 conversations of 8 turns over 8 system prompts) in closed loop with
+// 16 clients: about 20 s per policy through Caddy, and a fleet of 4 × 256 blocks whose one
+// fleet-sized LRU hits about 0.41-0.50 against 0.85 for an infinite cache, so placement
+// matters. The Mooncake trace runs open loop, ten times faster than recorded, on workers ten
+// times faster than real, each with 65,536 blocks.
+const (
+	chatBlocksPerWorker     = workload.ChatFleetBlocks / 4
+	mooncakeBlocksPerWorker = workload.MooncakeFleetBlocks / 4
+	mooncakeSpeed           = 10
+	mooncakeTimeScale       = 0.1
+	defaultConcurrency      = 16
+)
+
+// config is the demo's command line.
+type config struct {
+	caddy    string
+	fleet    string // sim | llmd
+	workers  int
+	blocks   int     // KV blocks per worker; 0: the workload's default
+	speed    float64 // simulated worker speed; 0: the workload's default
+	policies string  // comma list; empty: all available
+	repeats  int
+
+	kind          string // chat | mooncake
+	chat          workload.ChatConfig
+	sessionHeader bool
+	concurrency   int
+	openLoop      bool
+	trace         string
+	limit         int
+	sample        int
+	timeScale     float64
+	maxOutput     int
+
+	kvOptions   []string
+	sweep       bool
+	walkthrough bool
+
+	overhead         bool
+	overheadClients  int
+	overheadDuration time.Duration
+	overheadRounds   int
+
+	jsonPath string
+	report   string
+	llmdBin  string
+	verbose  bool
+}
+
+// parseFlags parses the command line into a config, defaults filled in per workload.
+func parseFlags(args []string) (*config, error) {
+	cfg := &config{chat: workload.DefaultChat}
+	fs := flag.NewFlagSet("demo", flag.ContinueOnError)
+	fs.StringVar(&cfg.caddy, "caddy", "", "Caddy binary with kvroute built in (required; ./xcaddy.sh build makes ./caddy, ./xcaddy.sh demo makes ./caddy-demo with the peer policies)")
+	fs.StringVar(&cfg.fleet, "fleet", "sim", "worker fleet: sim (our simulator, in process) or llmd (llm-d-inference-sim processes, built on first use)")
+	fs.IntVar(&cfg.workers, "workers", 4, "workers in the fleet")
+	fs.IntVar(&cfg.blocks, "cache-blocks", 0, fmt.Sprintf("prefix cache per worker in 16-token blocks (default: chat %d, mooncake %d)", chatBlocksPerWorker, mooncakeBlocksPerWorker))
+	fs.Float64Var(&cfg.speed, "speed", 0, fmt.Sprintf("sim fleet: simulated time runs this many times faster (default: chat 1, mooncake %d)", mooncakeSpeed))
+	fs.StringVar(&cfg.policies, "policies", "", "comma list of policies to run (kv_cache_aware, round_robin, least_conn, random, header, sglang_cache_aware, prefix_hash; none: skip the comparison); default: all the Caddy binary has")
+	fs.IntVar(&cfg.repeats, "repeats", 1, "run each policy N times and report the mean and the min-max of hit ratio and imbalance")
+
+	fs.StringVar(&cfg.kind, "workload", "chat", "workload: chat (synthetic multi-turn conversations) or mooncake (the Mooncake trace)")
+	fs.IntVar(&cfg.chat.Conversations, "conversations", cfg.chat.Conversations, "chat: conversations")
+	fs.IntVar(&cfg.chat.Turns, "turns", cfg.chat.Turns, "chat: user turns per conversation")
+	fs.IntVar(&cfg.chat.SystemPrompts, "system-prompts", cfg.chat.SystemPrompts, "chat: distinct system prompts shared by the conversations")
+	fs.Uint64Var(&cfg.chat.Seed, "seed", cfg.chat.Seed, "chat: random seed")
+	fs.BoolVar(&cfg.sessionHeader, "session-header", false, "chat: send the conversation id in X-Session-ID (off: the main comparison is on prompts alone)")
+	fs.IntVar(&cfg.concurrency, "concurrency", defaultConcurrency, "closed loop: concurrent clients")
+	fs.BoolVar(&cfg.openLoop, "open", false, "chat: open loop (conversations arrive at -rate) instead of closed loop; mooncake is always open loop")
+	fs.Float64Var(&cfg.chat.Rate, "rate", cfg.chat.Rate, "chat, open loop: conversations started per second")
+
+	fs.StringVar(&cfg.trace, "trace", "", "mooncake: trace file (default: ../shared/workloads/"+workload.TraceFile+", found from the working directory up)")
+	fs.IntVar(&cfg.limit, "limit", 0, "send only the first N sessions (trace requests or conversations), after sampling; 0: all")
+	fs.IntVar(&cfg.sample, "sample", 1, "mooncake: keep one trace request in N (timestamps kept)")
+	fs.Float64Var(&cfg.timeScale, "time-scale", 0, fmt.Sprintf("open loop: multiply send times (default: mooncake %g, chat 1)", mooncakeTimeScale))
+	fs.IntVar(&cfg.maxOutput, "max-output", 0, "mooncake: cap output tokens per request; 0: the trace's")
+
+	kv := fs.String("kv-options", "", `extra lines inside the kv_cache_aware block, separated by ";" (e.g. "cache_threshold 0.3; balance_abs_threshold 8")`)
+	fs.BoolVar(&cfg.sweep, "sweep", false, "run kv_cache_aware alone over a grid of cache_threshold × balance_abs_threshold × on_imbalance and print a table")
+	fs.BoolVar(&cfg.walkthrough, "walkthrough", true, "show kv_cache_aware routing a conversation and unrelated prompts before the comparison")
+
+	fs.BoolVar(&cfg.overhead, "overhead", false, "also measure requests/s through Caddy with kv_cache_aware + llm_prompt vs round_robin on a trivial upstream (with -policies none: only that)")
+	fs.IntVar(&cfg.overheadClients, "overhead-clients", 16, "overhead: concurrent keep-alive clients")
+	fs.DurationVar(&cfg.overheadDuration, "overhead-duration", 2*time.Second, "overhead: measuring time per policy per round")
+	fs.IntVar(&cfg.overheadRounds, "overhead-rounds", 6, "overhead: rounds, alternating the policies' order to cancel drift")
+
+	fs.StringVar(&cfg.jsonPath, "json", "", "write machine-readable results to this file")
+	fs.StringVar(&cfg.report, "report", "demo-report.html", "write the HTML report to this file (empty: none)")
+	fs.StringVar(&cfg.llmdBin, "llmd-bin", "", "llmd fleet: llm-d-inference-sim binary (default: examples/llmdsim/bin/llm-d-inference-sim, built when missing)")
+	fs.BoolVar(&cfg.verbose, "v", false, "show the generated Caddyfiles and the replay progress")
+	fs.Usage = func() {
+		fmt.Fprint(fs.Output(), "Usage: demo -caddy PATH [flags]\n\n"+
+			"Replays a workload through Caddy once per load-balancing policy on a fleet of simulated\n"+
+			"LLM workers and prints a comparison table and an HTML report.\n\nFlags:\n")
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	if fs.NArg() > 0 {
+		return nil, fmt.Errorf("unexpected arguments: %v", fs.Args())
+	}
+	cfg.kvOptions = splitOptions(*kv)
+	return cfg, cfg.finish()
+}
+
+// finish checks the flags and fills in the per-workload defaults.
+func (c *config) finish() error {
+	if c.caddy == "" {
+		return errors.New("-caddy is required: the Caddy binary to run (./xcaddy.sh build makes ./caddy)")
+	}
+	if c.fleet != "sim" && c.fleet != "llmd" {
+		return fmt.Errorf("-fleet: want sim or llmd, got %q", c.fleet)
+	}
+	if c.workers < 1 || c.repeats < 1 || c.concurrency < 1 || c.sample < 1 {
+		return errors.New("-workers, -repeats, -concurrency and -sample must be at least 1")
+	}
+	if c.overheadClients < 1 || c.overheadRounds < 1 || c.overheadDuration <= 0 {
+		return errors.New("-overhead-clients, -overhead-rounds and -overhead-duration must be positive")
+	}
+	switch c.kind {
+	case "chat":
+		if c.blocks == 0 {
+			c.blocks = chatBlocksPerWorker
+			if c.fleet == "llmd" {
+				c.blocks = llmdChatBlocks
+			}
+		}
+		if c.speed == 0 {
+			c.speed = 1
+		}
+		if c.timeScale == 0 {
+			c.timeScale = 1
+		}
+		if c.sessionHeader {
+			c.chat.SessionHeader = "X-Session-ID"
+		}
+	case "mooncake":
+		if c.blocks == 0 {
+			c.blocks = mooncakeBlocksPerWorker
+		}
+		if c.speed == 0 {
+			c.speed = mooncakeSpeed
+		}
+		if c.timeScale == 0 {
+			c.timeScale = mooncakeTimeScale
+		}
+		c.openLoop = true
+		if c.trace == "" {
+			if c.trace = workload.FindTrace(workload.TraceFile); c.trace == "" {
+				return errors.New("mooncake trace not found: pass -trace")
+			}
+		}
+	default:
+		return fmt.Errorf("-workload: want chat or mooncake, got %q", c.kind)
+	}
+	if c.blocks < 1 || c.speed <= 0 || c.timeScale <= 0 {
+		return errors.New("-cache-blocks, -speed and -time-scale must be positive")
+	}
+	return nil
+}
+
+// splitOptions splits "-kv-options" into Caddyfile lines (on ";" and newlines).
+func splitOptions(s string) []string {
+	var out []string
+	for _, line := range strings.FieldsFunc(s, func(r rune) bool { return r == ';' || r == '\n' }) {
+		if line = strings.TrimSpace(line); line != "" {
+			out = append(out, line)
+		}
+	}
+	return out
+}
+
+// workload builds the workload the flags describe.
+func (c *config) workload() (workload.Workload, error) {
+	if c.kind == "chat" {
+		return workload.ChatWorkload(c.chat).Limit(c.limit), nil
+	}
+	reqs, err := workload.LoadMooncake(c.trace)
+	if err != nil {
+		return workload.Workload{}, err
+	}
+	if c.sample > 1 {
+		kept := reqs[:0:0]
+		for i := 0; i < len(reqs); i += c.sample {
+			kept = append(kept, reqs[i])
+		}
+		reqs = kept
+	}
+	w := workload.MooncakeWorkload(reqs, workload.MooncakeConfig{Model: workload.DefaultChat.Model, MaxTokens: c.maxOutput})
+	return w.Limit(c.limit), nil
+}
+
+// replayOptions returns the replay options of one run against baseURL.
+func (c *config) replayOptions(baseURL string, fleetBlocks, blockTokens int) replay.Options {
+	o := replay.Options{
+		BaseURL:     baseURL,
+		Concurrency: c.concurrency,
+		OpenLoop:    c.openLoop,
+		TimeScale:   c.timeScale,
+		FleetBlocks: fleetBlocks,
+		BlockTokens: blockTokens,
+		Workers:     c.workers,
+		Timeout:     2 * time.Minute,
+	}
+	if c.verbose && isTerminal(os.Stderr) {
+		o.Progress = os.Stderr
+	}
+	return o
+}
+
+// loopDescription says how the workload is sent, for the header lines.
+func (c *config) loopDescription() string {
+	if c.openLoop {
+		return fmt.Sprintf("open loop, time scale %g", c.timeScale)
+	}
+	return fmt.Sprintf("closed loop, %d clients", c.concurrency)
+}
+
+// params are the settings recorded in the JSON and the report.
+type params struct {
+	Fleet           string   `json:"fleet"`
+	Workers         int      `json:"workers"`
+	BlocksPerWorker int      `json:"blocks_per_worker"`
+	Speed           float64  `json:"speed,omitempty"`
+	Workload        string   `json:"workload"`
+	Conversations   int      `json:"conversations,omitempty"`
+	Turns           int      `json:"turns,omitempty"`
+	SystemPrompts   int      `json:"system_prompts,omitempty"`
+	SessionHeader   bool     `json:"session_header"`
+	Loop            string   `json:"loop"`
+	Trace           string   `json:"trace,omitempty"`
+	Limit           int      `json:"limit,omitempty"`
+	Sample          int      `json:"sample,omitempty"`
+	Repeats         int      `json:"repeats"`
+	KVOptions       []string `json:"kv_options,omitempty"`
+	Caddy           string   `json:"caddy"`
+}
+
+func (c *config) params() params {
+	p := params{
+		Fleet: c.fleet, Workers: c.workers, BlocksPerWorker: c.blocks, Workload: c.kind,
+		SessionHeader: c.sessionHeader, Loop: c.loopDescription(), Limit: c.limit,
+		Repeats: c.repeats, KVOptions: c.kvOptions, Caddy: c.caddy,
+	}
+	if c.fleet == "sim" {
+		p.Speed = c.speed
+	}
+	if c.kind == "chat" {
+		p.Conversations, p.Turns, p.SystemPrompts = c.chat.Conversations, c.chat.Turns, c.chat.SystemPrompts
+	} else {
+		p.Trace, p.Sample, p.SessionHeader = c.trace, c.sample, false
+	}
+	return p
+}
+
+// isTerminal reports whether f is a character device, as a terminal is.
+func isTerminal(f *os.File) bool {
+	fi, err := f.Stat()
+	return err == nil && fi.Mode()&os.ModeCharDevice != 0
+}

@@ -1,0 +1,72 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+
+	"github.com/kvroute/caddy-kvroute/examples/llmsim"
+	"github.com/kvroute/caddy-kvroute/examples/workload"
+)
+
+// fleet is the set of workers behind Caddy.
+type fleet interface {
+	// Kind names the simulator, for the header lines.
+	Kind() string
+	// Addrs returns the workers' host:port, in order (w0, w1, ...).
+	Addrs() []string
+	// CapacityBlocks returns the prefix cache capacity of the whole fleet, in blocks.
+	CapacityBlocks() int
+	// BlockTokens returns the KV block size in tokens.
+	BlockTokens() int
+	// Prompt returns a call's prompt as the workers' prefix cache sees it, for the
+	// reference hit ratio (nil: our simulator's).
+	Prompt() func(workload.Call) llmsim.Prompt
+	// Client returns the HTTP client that sends calls to this fleet (nil: the replay's).
+	Client(conns int) *http.Client
+	// Fresh empties every worker's cache and counters before a run.
+	Fresh(ctx context.Context) error
+	// Close stops the workers.
+	Close() error
+}
+
+// startFleet starts the fleet -fleet names.
+func startFleet(ctx context.Context, cfg *config) (fleet, error) {
+	if cfg.fleet == "llmd" {
+		return startLLMDFleet(ctx, cfg)
+	}
+	return startSimFleet(cfg)
+}
+
+// simFleet is our simulator (examples/llmsim), run in this process.
+type simFleet struct{ *llmsim.Fleet }
+
+func startSimFleet(cfg *config) (*simFleet, error) {
+	f, err := llmsim.StartFleet(cfg.workers, llmsim.Config{
+		Model:          workload.DefaultChat.Model,
+		CapacityBlocks: cfg.blocks,
+		Speed:          cfg.speed,
+	}, 0)
+	if err != nil {
+		return nil, err
+	}
+	return &simFleet{f}, nil
+}
+
+func (f *simFleet) Kind() string { return "llmsim" }
+
+func (f *simFleet) BlockTokens() int { return f.Workers[0].Config().BlockTokens }
+
+func (f *simFleet) Prompt() func(workload.Call) llmsim.Prompt { return nil }
+
+func (f *simFleet) Client(int) *http.Client { return nil }
+
+func (f *simFleet) Fresh(context.Context) error {
+	for _, w := range f.Workers {
+		if n := w.Stats(); n.Running+n.Waiting > 0 {
+			return fmt.Errorf("worker %s still has requests in flight", w.Addr)
+		}
+	}
+	f.Reset()
+	return nil
+}

@@ -1,0 +1,98 @@
+package main
+
+import (
+	"fmt"
+	"strings"
+)
+
+// Caddy module IDs the demo looks for in `caddy list-modules`.
+const (
+	policyModulePrefix = "http.reverse_proxy.selection_policies."
+	moduleKV           = policyModulePrefix + "kv_cache_aware"
+	moduleMatcher      = "http.matchers.llm_prompt"
+)
+
+// policy is one contender: an lb_policy line (and block) of the generated Caddyfile.
+type policy struct {
+	Name   string   // short name, as given to -policies and shown in the table
+	Module string   // selection policy module name (after policyModulePrefix)
+	Args   []string // arguments after the module name on the lb_policy line
+	Block  []string // lines inside the lb_policy block
+	Peer   bool     // a benchmark-only peer from examples/peers
+}
+
+// label is the policy as shown in tables: the lb_policy line without the block.
+func (p policy) label() string {
+	return strings.Join(append([]string{p.Module}, p.Args...), " ")
+}
+
+// allPolicies returns the contenders in table order. kv_cache_aware gets the -kv-options lines.
+func allPolicies(kvOptions []string) []policy {
+	return []policy{
+		{Name: "kv_cache_aware", Module: "kv_cache_aware", Block: kvOptions},
+		{Name: "sglang_cache_aware", Module: "sglang_cache_aware", Peer: true},
+		{Name: "prefix_hash", Module: "prefix_hash", Peer: true},
+		{Name: "round_robin", Module: "round_robin"},
+		{Name: "least_conn", Module: "least_conn"},
+		{Name: "random", Module: "random"},
+		{Name: "header", Module: "header", Args: []string{"X-Session-ID"}},
+	}
+}
+
+// selectPolicies returns the policies to compare: those named by -policies (all by default)
+// that the Caddy binary has. A default run skips the missing peers with a note; a policy named
+// explicitly and missing is an error.
+func selectPolicies(cfg *config, bin *caddyBinary) ([]policy, []string, error) {
+	all := allPolicies(cfg.kvOptions)
+	if strings.TrimSpace(cfg.policies) == "none" || cfg.sweep {
+		return nil, nil, nil
+	}
+	if !bin.has(moduleMatcher) {
+		return nil, nil, fmt.Errorf("%s has no %s module: build it with ./xcaddy.sh build", cfg.caddy, moduleMatcher)
+	}
+	var notes []string
+	if cfg.policies == "" {
+		var out, missing []policy
+		for _, p := range all {
+			if bin.has(policyModulePrefix + p.Module) {
+				out = append(out, p)
+			} else {
+				missing = append(missing, p)
+			}
+		}
+		for _, p := range missing {
+			hint := ""
+			if p.Peer {
+				hint = " (a benchmark-only peer: ./xcaddy.sh demo builds a Caddy with it)"
+			}
+			notes = append(notes, fmt.Sprintf("%s skipped: %s has no %s module%s", p.Name, cfg.caddy, p.Module, hint))
+		}
+		return out, notes, nil
+	}
+	var out []policy
+	for _, name := range strings.Split(cfg.policies, ",") {
+		name = strings.TrimSpace(name)
+		if name == "" {
+			continue
+		}
+		i := -1
+		for j, p := range all {
+			if p.Name == name || p.label() == name {
+				i = j
+			}
+		}
+		if i < 0 {
+			names := make([]string, len(all))
+			for j, p := range all {
+				names[j] = p.Name
+			}
+			return nil, nil, fmt.Errorf("-policies: unknown policy %q (want some of %s, or none)", name, strings.Join(names, ", "))
+		}
+		p := all[i]
+		if !bin.has(policyModulePrefix + p.Module) {
+			return nil, nil, fmt.Errorf("-policies: %s has no %s module", cfg.caddy, policyModulePrefix+p.Module)
+		}
+		out = append(out, p)
+	}
+	return out, notes, nil
+}
