@@ -7,6 +7,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -245,7 +246,8 @@ type candidate struct {
 // Select picks the upstream for r. The decision, in order:
 //
 //  1. Candidates: available upstreams that serve the request's model; those at max_concurrency
-//     are left out unless all are. None: nil (Caddy retries, then answers 503).
+//     are left out unless all are, and on a retry so are those earlier attempts went to, unless
+//     all are. None: nil (Caddy retries, then answers 503).
 //  2. Session: a session bound to a candidate goes there. A binding to an upstream that left,
 //     is unavailable or no longer serves the model is dropped.
 //  3. Imbalance: when max-min > balance_abs_threshold and max > min×balance_rel_threshold over
@@ -266,6 +268,7 @@ func (p *KVCacheAware) Select(pool reverseproxy.UpstreamPool, r *http.Request, w
 	// 1. Candidates.
 	var buf [16]candidate
 	cands := p.candidates(buf[:0], pool, req.Model)
+	cands = untried(cands, req.tried)
 	if len(cands) == 0 {
 		st.untrack(req)
 		p.record(nil, req, pathNoCandidate, 0)
@@ -339,6 +342,7 @@ func (p *KVCacheAware) Select(pool reverseproxy.UpstreamPool, r *http.Request, w
 		p.cookie.set(w, r, sid)
 	}
 	st.track(r, req, c.st)
+	req.tried = append(req.tried, c.up.Dial)
 	c.st.lastUsed.Store(now.UnixNano())
 	p.record(c, req, path, c.match)
 	return c.up
@@ -370,6 +374,29 @@ func (p *KVCacheAware) candidates(dst []candidate, pool reverseproxy.UpstreamPoo
 	kept := dst[:0]
 	for _, c := range dst {
 		if c.prof == nil || c.prof.MaxConcurrency <= 0 || c.load < int64(c.prof.MaxConcurrency) {
+			kept = append(kept, c)
+		}
+	}
+	return kept
+}
+
+// untried leaves out the upstreams that earlier attempts of this request went to, unless that
+// would leave none: Caddy retries when an attempt fails (a refused connection, lb_retry_match),
+// and the prefix, the session and the energy placement would otherwise all point back at the
+// upstream that just failed.
+func untried(cands []candidate, tried []string) []candidate {
+	fresh := 0
+	for i := range cands {
+		if !slices.Contains(tried, cands[i].up.Dial) {
+			fresh++
+		}
+	}
+	if fresh == 0 || fresh == len(cands) {
+		return cands
+	}
+	kept := cands[:0]
+	for _, c := range cands {
+		if !slices.Contains(tried, c.up.Dial) {
 			kept = append(kept, c)
 		}
 	}

@@ -70,17 +70,19 @@ type tlsState = tls.ConnectionState
 func pick(t testing.TB, p *KVCacheAware, pool reverseproxy.UpstreamPool, model, prompt string, headers ...string) string {
 	t.Helper()
 	r, cancel := chatRequest(model, prompt, headers...)
+	before := make(map[string]int64, len(pool))
+	for _, u := range pool {
+		before[u.Dial] = p.state.upstream(u.Dial).inFlight.Load()
+	}
 	up := p.Select(pool, r, httptest.NewRecorder())
 	cancel()
-	// The in-flight count is released by a context.AfterFunc: wait for it, so that the next
-	// decision sees an idle fleet.
-	if lr, ok := caddyhttp.GetVar(r.Context(), varRequest).(*llmRequest); ok {
-		for lr.pick.Load() != nil {
-			runtime.Gosched()
-		}
-	}
 	if up == nil {
 		return ""
+	}
+	// The in-flight count is released by a context.AfterFunc: wait for it, so that the next
+	// decision sees the fleet as it was.
+	for p.state.upstream(up.Dial).inFlight.Load() != before[up.Dial] {
+		runtime.Gosched()
 	}
 	return up.Dial
 }

@@ -37,6 +37,10 @@ type llmRequest struct {
 
 	// pick is the upstream this request is counted against while in flight; a retry moves it.
 	pick atomic.Pointer[upstreamState]
+
+	// tried lists the dial addresses earlier attempts of this request went to. Select runs
+	// again for every retry, one attempt at a time, so only Select touches it.
+	tried []string
 }
 
 // requestFor returns the request's extracted LLM request, reading at most maxBody bytes of the

@@ -99,10 +99,15 @@ func (b *backend) setUnhealthy(bad bool) {
 	b.mu.Unlock()
 }
 
+var idempotencyKeys atomic.Int64
+
 // fleet is a set of backends with lookups by name and address.
 type fleet []*backend
 
 func newFleet(t testing.TB, n int) fleet {
+	if tt, ok := t.(*testing.T); ok {
+		leakCheck(tt) // first, so that its check runs after the backends have closed
+	}
 	f := make(fleet, n)
 	for i := range f {
 		f[i] = newBackend(t, fmt.Sprintf("u%d", i+1))
@@ -146,6 +151,8 @@ func send(t testing.TB, client *http.Client, url, body string, headers ...string
 		t.Fatal(err)
 	}
 	req.Header.Set("Content-Type", "application/json")
+	// Lets Go's client resend the POST when a config reload closes a kept-alive connection.
+	req.Header.Set("Idempotency-Key", fmt.Sprint(idempotencyKeys.Add(1)))
 	for i := 0; i+1 < len(headers); i += 2 {
 		req.Header.Set(headers[i], headers[i+1])
 	}
@@ -187,6 +194,7 @@ func chatBody(model string, msgs ...string) string {
 // startCaddy loads config (Caddyfile) into the in-process Caddy of caddytest.
 func startCaddy(t *testing.T, config string) *caddytest.Tester {
 	t.Helper()
+	leakCheck(t)
 	tester := caddytest.NewTester(t)
 	tester.InitServer(config, "caddyfile")
 	if t.Failed() {
