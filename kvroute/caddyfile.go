@@ -15,10 +15,10 @@ import (
 // optional; the values shown are the defaults, except session_cookie, which is off unless given):
 //
 //	lb_policy kv_cache_aware {
-//		cache_threshold        0.3
-//		balance_abs_threshold  64
+//		cache_threshold        0.5
+//		balance_abs_threshold  4
 //		balance_rel_threshold  1.5
-//		on_imbalance           least_busy   # least_busy | prefix_in_band
+//		on_imbalance           prefix_in_band   # prefix_in_band | least_busy
 //		eviction_interval      120s
 //		max_tree_size          64Mi         # chars in all trees together (SI or binary suffix)
 //		session_header         X-Session-ID

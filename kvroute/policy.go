@@ -27,15 +27,15 @@ func init() {
 
 // Defaults of the policy's options.
 const (
-	DefaultCacheThreshold      = 0.3
-	DefaultBalanceAbsThreshold = 64
+	DefaultCacheThreshold      = 0.5
+	DefaultBalanceAbsThreshold = 4
 	DefaultBalanceRelThreshold = 1.5
 	DefaultEvictionInterval    = 120 * time.Second
 	DefaultMaxTreeSize         = 64 << 20 // chars
 	DefaultSessionHeader       = "X-Session-ID"
 	DefaultExpectedTokens      = 256
 	DefaultFallback            = "joule"
-	DefaultOnImbalance         = "least_busy"
+	DefaultOnImbalance         = "prefix_in_band"
 )
 
 // KVCacheAware is the load-balancing policy `kv_cache_aware`. It sends each LLM request to the
@@ -44,16 +44,16 @@ const (
 // requests where they cost the fewest joules. See Select for the decision, and DESIGN.md.
 type KVCacheAware struct {
 	// A request goes to the upstream holding its longest cached prefix when the matched share of
-	// its routing text is above this ratio (0 to 1). Default: 0.3.
+	// its routing text is above this ratio (0 to 1). Default: 0.5.
 	CacheThreshold *float64 `json:"cache_threshold,omitempty"`
 	// Load is imbalanced when max-min over the candidates' in-flight requests is above this
 	// number AND max > min × balance_rel_threshold; the request then goes to the least busy
-	// upstream. Defaults: 64 and 1.5.
+	// upstream. Defaults: 4 and 1.5 (see the README for the sweep behind them).
 	BalanceAbsThreshold *int     `json:"balance_abs_threshold,omitempty"`
 	BalanceRelThreshold *float64 `json:"balance_rel_threshold,omitempty"`
 	// What "the least busy upstream" means when load is imbalanced: least_busy (the lowest
 	// busyness) or prefix_in_band (the longest cached prefix among the upstreams whose load is
-	// within the balance thresholds of the least loaded one). Default: least_busy.
+	// within the balance thresholds of the least loaded one). Default: prefix_in_band.
 	OnImbalance string `json:"on_imbalance,omitempty"`
 	// How often least recently used prefixes are evicted. Default: 120s. 0 in JSON means the
 	// default; eviction also runs on insert whenever the trees cross max_tree_size.

@@ -333,3 +333,36 @@ func TestSelectColdGroupsSpread(t *testing.T) {
 		}
 	}
 }
+
+// On imbalance, prefix_in_band keeps cache affinity where load allows: the candidate holding the
+// prefix wins over an idler one when both are within the band of the least loaded, and loses
+// when it is the busy one.
+func TestSelectImbalancePrefixInBand(t *testing.T) {
+	for _, mode := range []string{"prefix_in_band", "least_busy"} {
+		abs, rel := 4, 1.5
+		p := newPolicy(t, &KVCacheAware{BalanceAbsThreshold: &abs, BalanceRelThreshold: &rel, OnImbalance: mode})
+		pool := newPool("a:1", "b:1", "c:1")
+		prompt := strings.Repeat("a long shared prefix ", 50)
+		home := pick(t, p, pool, "m", prompt)
+		others := []string{}
+		for _, u := range pool {
+			if u.Dial != home {
+				others = append(others, u.Dial)
+			}
+		}
+		// home: 2 in flight (in band: 2-0 <= 4); another upstream: 20 (out of band); the last: idle.
+		p.state.upstream(home).inFlight.Store(2)
+		p.state.upstream(others[0]).inFlight.Store(20)
+		got := pick(t, p, pool, "m", prompt+" next turn")
+		want := home
+		if mode == "least_busy" {
+			want = others[1]
+		}
+		if got != want {
+			t.Errorf("%s: imbalanced fleet (home 2, %s 20, %s 0): went to %s, want %s", mode, others[0], others[1], got, want)
+		}
+		if decisions(p, got, pathImbalance) != 1 {
+			t.Errorf("%s: not counted as an imbalance decision", mode)
+		}
+	}
+}
