@@ -5,6 +5,8 @@
 #   ./xcaddy.sh demo    build Caddy (plugin + benchmark-only peer policies), start a simulated
 #                       LLM fleet, replay a workload once per policy and print the comparison
 #   ./xcaddy.sh test    run the test suite (unit, caddytest integration, and the built binary)
+#   ./xcaddy.sh fuzz [DURATION]   fuzz every parser for DURATION each (default 1m)
+#   ./xcaddy.sh bench [REGEX]     Go benchmarks, -count 10, summarised by benchstat
 #
 # Everything it needs (xcaddy, benchstat) is installed with `go install`.
 set -euo pipefail
@@ -87,8 +89,17 @@ test)
 	# The benchmark-only peer policies are a module of their own.
 	(cd examples/peers && go vet ./... && go test -race -count 1 "$@" ./...)
 	;;
+fuzz)
+	examples/soak/fuzz.sh "$@"
+	;;
+bench)
+	command -v benchstat >/dev/null 2>&1 || go install golang.org/x/perf/cmd/benchstat@latest
+	out=$(mktemp)
+	go test -run '^$' -bench "${1:-.}" -benchmem -count 10 ./tree/ ./kvroute/... ./energy/ | tee "$out"
+	benchstat "$out"
+	;;
 *)
-	sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'
+	sed -n "2,11p" "$0" | sed 's/^# \{0,1\}//'
 	exit 2
 	;;
 esac
