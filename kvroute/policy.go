@@ -300,6 +300,9 @@ func (p *KVCacheAware) Select(pool reverseproxy.UpstreamPool, r *http.Request, w
 		if addr, ok := st.sessions.get(sid, now); ok {
 			if i := indexOf(cands, addr); i >= 0 {
 				chosen, path = i, pathSession
+			} else if slices.Contains(req.tried, addr) {
+				// An earlier attempt of this request failed there: the session moves to where
+				// this attempt goes (its latest turn will be cached there).
 			} else if p.saturatedInPool(pool, addr, req.Model) {
 				keepBinding = true // skipped for this request only
 			} else {
@@ -432,8 +435,11 @@ func (p *KVCacheAware) sessionID(r *http.Request, req *llmRequest) (sid string, 
 		return req.Session, false
 	}
 	if p.cookie != nil {
-		id, _ := p.cookie.newID()
-		return id, true
+		if req.cookieID == "" { // a retry keeps the session (and the cookie) of the first attempt
+			req.cookieID, _ = p.cookie.newID()
+			return req.cookieID, true
+		}
+		return req.cookieID, false
 	}
 	return "", false
 }

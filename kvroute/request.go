@@ -41,6 +41,10 @@ type llmRequest struct {
 	// tried lists the dial addresses earlier attempts of this request went to. Select runs
 	// again for every retry, one attempt at a time, so only Select touches it.
 	tried []string
+
+	// cookieID is the session id of a cookie this request is about to set (session_cookie,
+	// no session yet): retries reuse it.
+	cookieID string
 }
 
 // requestFor returns the request's extracted LLM request, reading at most maxBody bytes of the

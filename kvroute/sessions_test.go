@@ -266,3 +266,29 @@ func TestSessionCookieSecureOverTLS(t *testing.T) {
 		t.Errorf("cookie over TLS lacks Secure: %q", w.Header().Get("Set-Cookie"))
 	}
 }
+
+// A retry (Select again on the same request) keeps the new cookie session of the first attempt:
+// one Set-Cookie, one binding.
+func TestSessionCookieRetryKeepsSession(t *testing.T) {
+	p := newPolicy(t, &KVCacheAware{SessionCookie: &SessionCookie{Secret: "s"}})
+	pool := newPool("a:1", "b:1")
+	r, cancel := chatRequest("m", coldPrompt(7))
+	defer cancel()
+	w := httptest.NewRecorder()
+	first := p.Select(pool, r, w).Dial
+	second := p.Select(pool, r, w).Dial
+	if first == second {
+		t.Fatalf("the retry went back to %s", first)
+	}
+	if n := len(w.Header()["Set-Cookie"]); n != 1 {
+		t.Fatalf("%d Set-Cookie headers after a retry, want 1: %v", n, w.Header()["Set-Cookie"])
+	}
+	if p.state.sessions.len() != 1 {
+		t.Fatalf("%d bindings after a retry, want 1", p.state.sessions.len())
+	}
+	for id := range p.state.sessions.perUpstream() {
+		if id != second {
+			t.Fatalf("the session stayed bound to %s, whose attempt failed; want %s", id, second)
+		}
+	}
+}
