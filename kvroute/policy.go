@@ -278,8 +278,9 @@ func (p *KVCacheAware) Select(pool reverseproxy.UpstreamPool, r *http.Request, w
 	m := matchPool.Get().(*tree.Match)
 	defer matchPool.Put(m)
 	m.Runes, m.Tenants = 0, m.Tenants[:0]
+	treeName := p.treeName(req.Model)
 	if req.Text != "" {
-		if t := st.forest.Get(p.treeName(req.Model)); t != nil {
+		if t := st.forest.Get(treeName); t != nil {
 			t.Match(req.Text, m)
 			for _, tm := range m.Tenants {
 				for i := range cands {
@@ -336,7 +337,7 @@ func (p *KVCacheAware) Select(pool reverseproxy.UpstreamPool, r *http.Request, w
 	// 6. Record.
 	c := &cands[chosen]
 	if req.Text != "" {
-		st.forest.Tree(p.treeName(req.Model)).Insert(req.Text, c.up.Dial)
+		st.forest.Tree(treeName).Insert(req.Text, c.up.Dial)
 	}
 	if sid != "" && !keepBinding {
 		st.sessions.bind(sid, c.up.Dial, now)
