@@ -5,7 +5,7 @@
 #   ./xcaddy.sh demo    build Caddy (plugin + benchmark-only peer policies), start a simulated
 #                       LLM fleet, replay a workload once per policy and print the comparison
 #   ./xcaddy.sh test    run the test suite (unit, caddytest integration, and the built binary)
-#   ./xcaddy.sh fuzz [DURATION]   fuzz every parser for DURATION each (default 1m)
+#   ./xcaddy.sh fuzz [DURATION]   fuzz every target for DURATION each (default 1m)
 #   ./xcaddy.sh bench [REGEX]     Go benchmarks, -count 10, summarised by benchstat
 #
 # Everything it needs (xcaddy, benchstat) is installed with `go install`.
