@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"os"
+	"slices"
 	"time"
 
 	"github.com/kvroute/caddy-kvroute/examples/replay"
@@ -50,6 +51,11 @@ func (b *bench) startCaddy(ctx context.Context, p policy) (*caddyProcess, error)
 	ports, err := freePorts(2)
 	if err != nil {
 		return nil, err
+	}
+	if p.Module == "kv_cache_aware" && b.cfg.kvCapacity {
+		f := b.fleet
+		perWorker := f.CapacityBlocks() * f.BlockTokens() / len(f.Addrs())
+		p.Block = append(slices.Clone(p.Block), kvCapacityLines(f.Addrs(), perWorker)...)
 	}
 	s := site{AdminPort: ports[0], Port: ports[1], Upstreams: b.fleet.Addrs(), Policy: p}
 	return startCaddy(ctx, b.bin, s, b.cfg.verbose)
@@ -174,4 +180,16 @@ func summarize(runs []*replay.Result, addrs []string) summary {
 	s.Requests /= len(runs)
 	s.HitRatio, s.Imbalance = newSpan(hits), newSpan(imbs)
 	return s
+}
+
+// kvCapacityLines annotates every worker with its prefix cache size in tokens, as an operator
+// would from the "GPU KV cache size: N tokens" line vLLM logs at start. The policy then bounds
+// what its tree believes each upstream holds to kv_capacity × 4 chars, so that a prefix the
+// worker has long evicted stops attracting requests.
+func kvCapacityLines(addrs []string, tokens int) []string {
+	lines := make([]string, 0, len(addrs))
+	for _, a := range addrs {
+		lines = append(lines, fmt.Sprintf("upstream %s {\n\t\t\t\tkv_capacity %d\n\t\t\t}", a, tokens))
+	}
+	return lines
 }

@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -57,7 +58,13 @@ func TestCaddyfileAdapts(t *testing.T) {
 		}
 		tried++
 		t.Run(p.Name, func(t *testing.T) {
-			s := site{AdminPort: 2999, Port: 8080, Upstreams: []string{"127.0.0.1:8001", "127.0.0.1:8002"}, Policy: p}
+			ups := []string{"127.0.0.1:8001", "127.0.0.1:8002"}
+			wants := []string{`"policy":"` + p.Module + `"`, `"llm_prompt"`, `"X-Kvsim-Worker"`}
+			if p.Module == "kv_cache_aware" { // as the demo runs it, with -kv-capacity
+				p.Block = append(slices.Clone(p.Block), kvCapacityLines(ups, 4096)...)
+				wants = append(wants, `"upstreams":{"127.0.0.1:8001":{"kv_capacity":4096},"127.0.0.1:8002":{"kv_capacity":4096}}`)
+			}
+			s := site{AdminPort: 2999, Port: 8080, Upstreams: ups, Policy: p}
 			out, err := adapt(bin.path, s.caddyfile())
 			if err != nil {
 				t.Fatalf("%v\n%s", err, s.caddyfile())
@@ -65,7 +72,7 @@ func TestCaddyfileAdapts(t *testing.T) {
 			if !json.Valid(out) {
 				t.Fatalf("adapt output is not JSON: %s", out)
 			}
-			for _, want := range []string{`"policy":"` + p.Module + `"`, `"llm_prompt"`, `"X-Kvsim-Worker"`} {
+			for _, want := range wants {
 				if !bytes.Contains(out, []byte(want)) {
 					t.Errorf("adapted JSON lacks %s: %s", want, out)
 				}

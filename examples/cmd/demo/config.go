@@ -51,6 +51,7 @@ type config struct {
 	maxOutput     int
 
 	kvOptions   []string
+	kvCapacity  bool
 	sweep       bool
 	walkthrough bool
 
@@ -94,6 +95,7 @@ func parseFlags(args []string) (*config, error) {
 	fs.IntVar(&cfg.maxOutput, "max-output", 0, "mooncake: cap output tokens per request; 0: the trace's")
 
 	kv := fs.String("kv-options", "", `extra lines inside the kv_cache_aware block, separated by ";" (e.g. "cache_threshold 0.3; balance_abs_threshold 8")`)
+	fs.BoolVar(&cfg.kvCapacity, "kv-capacity", true, "annotate each upstream of kv_cache_aware with its prefix cache size (kv_capacity, in tokens), as an operator would from vLLM's \"GPU KV cache size\" log line; false: no annotation")
 	fs.BoolVar(&cfg.sweep, "sweep", false, "run kv_cache_aware alone over a grid of cache_threshold × balance_abs_threshold × on_imbalance and print a table")
 	fs.BoolVar(&cfg.walkthrough, "walkthrough", true, "show kv_cache_aware routing a conversation and unrelated prompts before the comparison")
 
@@ -220,6 +222,7 @@ func (c *config) replayOptions(baseURL string, fleetBlocks, blockTokens int) rep
 		BlockTokens: blockTokens,
 		Workers:     c.workers,
 		Timeout:     2 * time.Minute,
+		KeepRecords: c.jsonPath != "", // per-request records in the JSON output
 	}
 	if c.verbose && isTerminal(os.Stderr) {
 		o.Progress = os.Stderr
