@@ -15,7 +15,7 @@ import (
 // optional; the values shown are the defaults, except session_cookie, which is off unless given):
 //
 //	lb_policy kv_cache_aware {
-//		cache_threshold        0.5
+//		cache_threshold        0.1
 //		balance_abs_threshold  4
 //		balance_rel_threshold  1.5
 //		on_imbalance           prefix_in_band   # prefix_in_band | least_busy

@@ -27,7 +27,7 @@ func init() {
 
 // Defaults of the policy's options.
 const (
-	DefaultCacheThreshold      = 0.5
+	DefaultCacheThreshold      = 0.1
 	DefaultBalanceAbsThreshold = 4
 	DefaultBalanceRelThreshold = 1.5
 	DefaultEvictionInterval    = 120 * time.Second
@@ -44,7 +44,7 @@ const (
 // requests where they cost the fewest joules. See Select for the decision, and DESIGN.md.
 type KVCacheAware struct {
 	// A request goes to the upstream holding its longest cached prefix when the matched share of
-	// its routing text is above this ratio (0 to 1). Default: 0.5.
+	// its routing text is above this ratio (0 to 1). Default: 0.1 (see the README for the sweep).
 	CacheThreshold *float64 `json:"cache_threshold,omitempty"`
 	// Load is imbalanced when max-min over the candidates' in-flight requests is above this
 	// number AND max > min × balance_rel_threshold; the request then goes to the least busy
@@ -253,7 +253,7 @@ type candidate struct {
 //  3. Imbalance: when max-min > balance_abs_threshold and max > min×balance_rel_threshold over
 //     the candidates' loads, the least busy candidate.
 //  4. Prefix: the candidate holding the longest prefix of the routing text, when the matched
-//     share is above cache_threshold.
+//     share is above cache_threshold (a prefix shorter than one KV block is no match).
 //  5. Fallback: the configured placement (joule by default).
 //  6. Record: the routing text goes into the model's tree under the chosen upstream, the
 //     session is bound, the decision counted, and the session cookie set when configured.
@@ -283,6 +283,9 @@ func (p *KVCacheAware) Select(pool reverseproxy.UpstreamPool, r *http.Request, w
 		if t := st.forest.Get(treeName); t != nil {
 			t.Match(req.Text, m)
 			for _, tm := range m.Tenants {
+				if tm.Runes < minMatchRunes {
+					break // longest first: the rest are shorter still
+				}
 				for i := range cands {
 					if cands[i].up.Dial == tm.Tenant && cands[i].match == 0 {
 						cands[i].match = tm.Runes
@@ -353,6 +356,12 @@ func (p *KVCacheAware) Select(pool reverseproxy.UpstreamPool, r *http.Request, w
 }
 
 var matchPool = sync.Pool{New: func() any { return new(tree.Match) }}
+
+// minMatchRunes is the shortest shared prefix that counts as a match: one KV block of 16 tokens
+// (vLLM's and SGLang's default page size) at 4 chars per token. A shorter one caches nothing on
+// the upstream, and the routing text's role markers alone ("user", a separator) would otherwise
+// make every short prompt a partial match everywhere.
+const minMatchRunes = 64
 
 // candidates appends to dst the upstreams of pool that may take a request for model (step 1).
 func (p *KVCacheAware) candidates(dst []candidate, pool reverseproxy.UpstreamPool, model string) []candidate {

@@ -366,3 +366,55 @@ func TestSelectImbalancePrefixInBand(t *testing.T) {
 		}
 	}
 }
+
+// kv_capacity bounds what the tree believes an upstream holds: once newer prompts have pushed an
+// old one past the upstream's capacity, the old prompt stops attracting requests there (the
+// worker evicted it too). Without the annotation the same sequence is still a prefix hit.
+func TestSelectKVCapacityForgetsEvictedPrefixes(t *testing.T) {
+	old := strings.Repeat("An old conversation about sailing boats. ", 10) // ~400 chars
+	for _, bounded := range []bool{true, false} {
+		t.Run(fmt.Sprintf("kv_capacity=%v", bounded), func(t *testing.T) { // one policy alive at a time: the state is shared
+			cfg := &KVCacheAware{}
+			if bounded {
+				cfg.Upstreams = map[string]energy.Profile{"a:1": {KVCapacity: 300}} // 1,200 chars
+			}
+			p := newPolicy(t, cfg)
+			onlyA, pool := newPool("a:1"), newPool("a:1", "b:1")
+			if got := pick(t, p, onlyA, "m", old); got != "a:1" {
+				t.Fatalf("bounded=%v: the old prompt went to %q", bounded, got)
+			}
+			for i := 0; i < 8; i++ { // ~3,200 newer chars on a:1
+				pick(t, p, onlyA, "m", coldPrompt(i)+strings.Repeat(" newer text", 36))
+			}
+			if bounded {
+				waitFor(t, func() bool { return p.state.forest.TenantChars("a:1") <= 1200 }, "a:1 back within its kv_capacity")
+			}
+			hits := decisions(p, "a:1", pathPrefixHit)
+			pick(t, p, pool, "m", old+"And a follow-up question.")
+			hit := decisions(p, "a:1", pathPrefixHit) > hits
+			if bounded && hit {
+				t.Errorf("kv_capacity 300: a prompt evicted from a:1 long ago was still a prefix hit there")
+			}
+			if !bounded && !hit {
+				t.Errorf("no kv_capacity: the old prompt was not a prefix hit on a:1 (the control)")
+			}
+		})
+	}
+}
+
+// A shared prefix shorter than one KV block (64 chars) is not a match: it caches nothing on the
+// upstream, however large a share of a short prompt it is.
+func TestSelectShortSharedPrefixIsNoMatch(t *testing.T) {
+	p := newPolicy(t, nil)
+	pool := newPool("a:1", "b:1")
+	pick(t, p, pool, "m", "What is the capital of France?")
+	pick(t, p, pool, "m", "What is the capital of Spain?") // 86% shared, 27 chars
+	if n := decisions(p, "a:1", pathPrefixHit) + decisions(p, "b:1", pathPrefixHit); n != 0 {
+		t.Errorf("a 27-char shared prefix made %d prefix hits", n)
+	}
+	long := strings.Repeat("A shared instruction of some length. ", 3) // 111 chars
+	home := pick(t, p, pool, "m", long+"First question?")
+	if got := pick(t, p, pool, "m", long+"Second question?"); got != home || decisions(p, home, pathPrefixHit) != 1 {
+		t.Errorf("a 111-char shared prefix: went to %s (holder %s), %d prefix hits", got, home, decisions(p, home, pathPrefixHit))
+	}
+}
