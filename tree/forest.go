@@ -274,6 +274,19 @@ func (f *Forest) overBound(id uint32) bool {
 	return false
 }
 
+// overAny reports whether the forest is over MaxChars or any tenant over its own bound.
+func (f *Forest) overAny() bool {
+	if b := f.limits.Load().MaxChars; b > 0 && f.chars.Load() > b {
+		return true
+	}
+	for _, t := range *f.table.Load() {
+		if t != nil && t.limit.Load() > 0 && t.chars.Load() > t.limit.Load() {
+			return true
+		}
+	}
+	return false
+}
+
 // kick starts a background pass unless one is scheduled or running.
 func (f *Forest) kick() {
 	if f.inline {
@@ -284,8 +297,17 @@ func (f *Forest) kick() {
 		return
 	}
 	go func() {
-		defer f.evicting.Store(false)
-		f.Evict()
+		// An insert that crosses a bound while this pass ends finds evicting still set and
+		// starts none: look again once the flag is down (a bounded number of times, in case
+		// a pass cannot get under a bound).
+		for range 3 {
+			f.Evict()
+			f.evicting.Store(false)
+			if !f.overAny() || !f.evicting.CompareAndSwap(false, true) {
+				return
+			}
+		}
+		f.evicting.Store(false)
 	}()
 }
 
