@@ -32,6 +32,11 @@ func TestCaddyfile(t *testing.T) {
 		}
 	}
 
+	s.Policy.Block = kvCapacityLines(s.Upstreams, 4096)
+	if got := s.caddyfile(); !strings.Contains(got, "lb_policy kv_cache_aware {\n\t\t\tupstream 127.0.0.1:8001 {\n\t\t\t\tkv_capacity 4096\n\t\t\t}\n\t\t\tupstream 127.0.0.1:8002 {\n\t\t\t\tkv_capacity 4096\n\t\t\t}\n\t\t}") {
+		t.Errorf("kv_capacity annotations:\n%s", got)
+	}
+
 	s.Policy, s.NoMatcher = policy{Name: "round_robin", Module: "round_robin"}, true
 	got = s.caddyfile()
 	if strings.Contains(got, "llm_prompt") || !strings.Contains(got, "reverse_proxy 127.0.0.1:8001 127.0.0.1:8002 {\n\t\tlb_policy round_robin\n") {

@@ -255,6 +255,7 @@ type params struct {
 	Sample          int      `json:"sample,omitempty"`
 	Repeats         int      `json:"repeats"`
 	KVOptions       []string `json:"kv_options,omitempty"`
+	KVCapacity      bool     `json:"kv_capacity"` // upstreams annotated with their cache size
 	Caddy           string   `json:"caddy"`
 }
 
@@ -262,7 +263,7 @@ func (c *config) params() params {
 	p := params{
 		Fleet: c.fleet, Workers: c.workers, BlocksPerWorker: c.blocks, Workload: c.kind,
 		SessionHeader: c.sessionHeader, Loop: c.loopDescription(), Limit: c.limit,
-		Repeats: c.repeats, KVOptions: c.kvOptions, Caddy: c.caddy,
+		Repeats: c.repeats, KVOptions: c.kvOptions, KVCapacity: c.kvCapacity, Caddy: c.caddy,
 	}
 	if c.fleet == "sim" {
 		p.Speed = c.speed
