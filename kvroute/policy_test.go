@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"fmt"
+	"math"
 	"net/http"
 	"net/http/httptest"
 	"runtime"
@@ -376,7 +377,7 @@ func TestSelectKVCapacityForgetsEvictedPrefixes(t *testing.T) {
 		t.Run(fmt.Sprintf("kv_capacity=%v", bounded), func(t *testing.T) { // one policy alive at a time: the state is shared
 			cfg := &KVCacheAware{}
 			if bounded {
-				cfg.Upstreams = map[string]energy.Profile{"a:1": {KVCapacity: 300}} // 1,200 chars
+				cfg.Upstreams = map[string]energy.Profile{"a:1": {KVCapacity: 200}} // remembers 1.5 × 200 × 4 = 1,200 chars
 			}
 			p := newPolicy(t, cfg)
 			onlyA, pool := newPool("a:1"), newPool("a:1", "b:1")
@@ -396,7 +397,7 @@ func TestSelectKVCapacityForgetsEvictedPrefixes(t *testing.T) {
 			pick(t, p, pool, "m", old+"And a follow-up question.")
 			hit := decisions(p, "a:1", pathPrefixHit) > hits
 			if bounded && hit {
-				t.Errorf("kv_capacity 300: a prompt evicted from a:1 long ago was still a prefix hit there")
+				t.Errorf("kv_capacity 200: a prompt evicted from a:1 long ago was still a prefix hit there")
 			}
 			if !bounded && !hit {
 				t.Errorf("no kv_capacity: the old prompt was not a prefix hit on a:1 (the control)")
@@ -419,5 +420,16 @@ func TestSelectShortSharedPrefixIsNoMatch(t *testing.T) {
 	home := pick(t, p, pool, "m", long+"First question?")
 	if got := pick(t, p, pool, "m", long+"Second question?"); got != home || decisions(p, home, pathPrefixHit) != 1 {
 		t.Errorf("a 111-char shared prefix: went to %s (holder %s), %d prefix hits", got, home, decisions(p, home, pathPrefixHit))
+	}
+}
+
+func TestTenantBound(t *testing.T) {
+	for _, c := range []struct{ tokens, want int64 }{
+		{1, 6}, {200, 1200}, {4096, 24576}, {math.MaxInt64 / 12, math.MaxInt64 / 12 * 6},
+		{math.MaxInt64/12 + 1, math.MaxInt64}, {math.MaxInt64, math.MaxInt64},
+	} {
+		if got := tenantBound(c.tokens); got != c.want {
+			t.Errorf("tenantBound(%d) = %d, want %d", c.tokens, got, c.want)
+		}
 	}
 }

@@ -1,6 +1,7 @@
 package kvroute
 
 import (
+	"math"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -174,8 +175,8 @@ func (s *state) unregister(p *KVCacheAware) {
 	}
 }
 
-// limitsLocked computes the forest's bounds: maxChars from the newest policy, and each
-// annotated upstream's kv_capacity (tokens) × 4 chars.
+// limitsLocked computes the forest's bounds: maxChars from the newest policy, and for each
+// annotated upstream tenantBound(kv_capacity).
 func (s *state) limitsLocked(maxChars int64) tree.Limits {
 	l := tree.Limits{MaxChars: maxChars}
 	for q := range s.instances {
@@ -184,11 +185,26 @@ func (s *state) limitsLocked(maxChars int64) tree.Limits {
 				if l.TenantMaxChars == nil {
 					l.TenantMaxChars = make(map[string]int64)
 				}
-				l.TenantMaxChars[addr] = prof.KVCapacity * 4
+				l.TenantMaxChars[addr] = tenantBound(prof.KVCapacity)
 			}
 		}
 	}
 	return l
+}
+
+// tenantBound returns the chars the tree remembers for an upstream whose KV cache holds tokens
+// tokens: 1.5 × its capacity at 4 chars per token. The tree cannot see what the worker evicts;
+// forgetting a prefix the worker still holds sends its next request elsewhere to prefill it
+// again, remembering one the worker dropped costs that one request a cold prefill on a worker
+// that likely still holds its shorter prefixes. Measured on the demo (3 runs each, README): at
+// 1× the chat hit ratio was 0.525–0.535 and Mooncake's 0.096; at 1.5×, 0.547 and 0.101, with p99
+// TTFT still below round_robin's.
+func tenantBound(tokens int64) int64 {
+	const charsPerToken, slackNum, slackDen = 4, 3, 2
+	if tokens > math.MaxInt64/(charsPerToken*slackNum) {
+		return math.MaxInt64
+	}
+	return tokens * charsPerToken * slackNum / slackDen
 }
 
 // upstream returns the state of the upstream with dial address addr.

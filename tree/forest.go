@@ -11,7 +11,7 @@ import (
 // Limits bound what a Forest stores. Zero means unbounded.
 type Limits struct {
 	MaxChars       int64            // chars stored across all trees, each node's chars counted once
-	TenantMaxChars map[string]int64 // per-tenant bound (an upstream's kv_capacity*4); absent = unbounded
+	TenantMaxChars map[string]int64 // per-tenant bound (kvroute derives it from an upstream's kv_capacity); absent = unbounded
 }
 
 // EvictStats describes one eviction pass.

@@ -184,8 +184,8 @@ func summarize(runs []*replay.Result, addrs []string) summary {
 
 // kvCapacityLines annotates every worker with its prefix cache size in tokens, as an operator
 // would from the "GPU KV cache size: N tokens" line vLLM logs at start. The policy then bounds
-// what its tree believes each upstream holds to kv_capacity × 4 chars, so that a prefix the
-// worker has long evicted stops attracting requests.
+// what its tree believes each upstream holds (1.5 × kv_capacity × 4 chars), so that a prefix
+// the worker has long evicted stops attracting requests.
 func kvCapacityLines(addrs []string, tokens int) []string {
 	lines := make([]string, 0, len(addrs))
 	for _, a := range addrs {
