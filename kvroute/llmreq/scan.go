@@ -59,6 +59,17 @@ func (s *scanner) state() state {
 	return done
 }
 
+// more skips whitespace and reports whether a byte follows; at the end of the body it records
+// the end (see end) and reports false.
+func (s *scanner) more() bool {
+	s.ws()
+	if s.pos < len(s.b) {
+		return true
+	}
+	s.end()
+	return false
+}
+
 func (s *scanner) ws() {
 	for s.pos < len(s.b) {
 		switch s.b[s.pos] {
@@ -81,9 +92,7 @@ func (s *scanner) enter() {
 // returns its key, leaving pos at the first byte of the value. It returns false when the object
 // ends (its '}' consumed) or reading stops.
 func (s *scanner) member(first bool) ([]byte, bool) {
-	s.ws()
-	if s.pos >= len(s.b) {
-		s.end()
+	if !s.more() {
 		return nil, false
 	}
 	c := s.b[s.pos]
@@ -98,9 +107,7 @@ func (s *scanner) member(first bool) ([]byte, bool) {
 			return nil, false
 		}
 		s.pos++
-		s.ws()
-		if s.pos >= len(s.b) {
-			s.end()
+		if !s.more() {
 			return nil, false
 		}
 		c = s.b[s.pos]
@@ -121,9 +128,7 @@ func (s *scanner) colon() bool {
 	if s.stop() {
 		return false
 	}
-	s.ws()
-	if s.pos >= len(s.b) {
-		s.end()
+	if !s.more() {
 		return false
 	}
 	if s.b[s.pos] != ':' {
@@ -131,9 +136,7 @@ func (s *scanner) colon() bool {
 		return false
 	}
 	s.pos++
-	s.ws()
-	if s.pos >= len(s.b) {
-		s.end()
+	if !s.more() {
 		return false
 	}
 	return true
@@ -142,9 +145,7 @@ func (s *scanner) colon() bool {
 // element moves to the next element of the array being read (after its '[' when first),
 // leaving pos at its first byte. It returns false when the array ends or reading stops.
 func (s *scanner) element(first bool) bool {
-	s.ws()
-	if s.pos >= len(s.b) {
-		s.end()
+	if !s.more() {
 		return false
 	}
 	c := s.b[s.pos]
@@ -159,9 +160,7 @@ func (s *scanner) element(first bool) bool {
 			return false
 		}
 		s.pos++
-		s.ws()
-		if s.pos >= len(s.b) {
-			s.end()
+		if !s.more() {
 			return false
 		}
 	}
@@ -320,9 +319,7 @@ func (s *scanner) skipValue() {
 	base := s.depth
 	for {
 		// At the first byte of a value.
-		s.ws()
-		if s.pos >= len(s.b) {
-			s.end()
+		if !s.more() {
 			return
 		}
 		switch c := s.b[s.pos]; c {
@@ -339,9 +336,7 @@ func (s *scanner) skipValue() {
 			} else {
 				s.open[w] &^= bit
 			}
-			s.ws()
-			if s.pos >= len(s.b) {
-				s.end()
+			if !s.more() {
 				return
 			}
 			if d := s.b[s.pos]; d == '}' && c == '{' || d == ']' && c == '[' {
@@ -369,9 +364,7 @@ func (s *scanner) skipValue() {
 			if s.stop() || s.depth == base {
 				return
 			}
-			s.ws()
-			if s.pos >= len(s.b) {
-				s.end()
+			if !s.more() {
 				return
 			}
 			obj := s.open[s.depth/64]&(1<<(s.depth%64)) != 0
@@ -396,9 +389,7 @@ func (s *scanner) skipValue() {
 
 // skipKey skips a key and its colon.
 func (s *scanner) skipKey() bool {
-	s.ws()
-	if s.pos >= len(s.b) {
-		s.end()
+	if !s.more() {
 		return false
 	}
 	if s.b[s.pos] != '"' {
