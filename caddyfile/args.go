@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/caddyserver/caddy/v2"
 	cf "github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/dustin/go-humanize"
 
@@ -127,7 +128,7 @@ func DurationArg(d *cf.Dispenser) (time.Duration, error) {
 	if err != nil {
 		return 0, err
 	}
-	v, err := parseDuration(arg)
+	v, err := caddy.ParseDuration(arg)
 	if err != nil {
 		return 0, d.Errf("%s: invalid duration %q (want e.g. 120s, 30m, 1d)", option, arg)
 	}
@@ -159,36 +160,4 @@ func JoulesArg(d *cf.Dispenser) (energy.Joules, error) {
 		return 0, d.Errf("%s: %v", option, err)
 	}
 	return j, nil
-}
-
-// parseDuration is caddy.ParseDuration without importing Caddy's core
-// package: each "<number>d" is rewritten as hours before time.ParseDuration.
-func parseDuration(s string) (time.Duration, error) {
-	if len(s) > 1024 {
-		return 0, errors.New("duration too long")
-	}
-	if !strings.Contains(s, "d") {
-		return time.ParseDuration(s)
-	}
-	var b strings.Builder
-	start := 0 // start of the number being read
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		if c == 'd' && i > start {
-			days, err := strconv.ParseFloat(s[start:i], 64)
-			if err != nil {
-				return 0, err
-			}
-			b.WriteString(strconv.FormatFloat(days*24, 'f', -1, 64))
-			b.WriteByte('h')
-			start = i + 1
-			continue
-		}
-		if !(c >= '0' && c <= '9' || c == '.' || (i == start && (c == '-' || c == '+'))) {
-			b.WriteString(s[start : i+1])
-			start = i + 1
-		}
-	}
-	b.WriteString(s[start:])
-	return time.ParseDuration(b.String())
 }

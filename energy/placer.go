@@ -140,7 +140,7 @@ func (p *Placer) Place(cands []Candidate, expectedTokens int) int {
 	case Random:
 		return rand.IntN(len(cands))
 	default:
-		return leastBusy(cands)
+		return Idlest(cands)
 	}
 }
 
@@ -164,7 +164,7 @@ func placeByCost(cands []Candidate, expectedTokens int, carbon bool) int {
 		}
 	}
 	if eN == 0 && ciN == 0 {
-		return leastBusy(cands)
+		return Idlest(cands)
 	}
 	// An unknown factor with no annotated candidate is the same for all,
 	// so 1 keeps the other factor's ranking.
@@ -179,7 +179,7 @@ func placeByCost(cands []Candidate, expectedTokens int, carbon bool) int {
 	// is kept in real units; a request that states no tokens still costs one.
 	tokens := float64(max(expectedTokens, 1))
 
-	var t tieBreak
+	var t Ranking
 	for i := range cands {
 		c := &cands[i]
 		e, ci := eMean, ciMean
@@ -195,30 +195,44 @@ func placeByCost(cands []Candidate, expectedTokens int, carbon bool) int {
 		if carbon {
 			cost = cost * ci / joulesPerKWh
 		}
-		t.offer(i, cost, Busyness(c.InFlight, c.QueuedTokens), float64(c.CachedTokens))
+		t.Offer(i, cost, Busyness(c.InFlight, c.QueuedTokens), float64(c.CachedTokens))
 	}
-	return t.best
+	return t.Best()
 }
 
-func leastBusy(cands []Candidate) int {
-	var t tieBreak
+// Idlest returns the index of the candidate with the lowest busyness (then
+// the least cached text, then at random), or -1 when cands is empty.
+func Idlest(cands []Candidate) int {
+	var t Ranking
 	for i := range cands {
-		t.offer(i, Busyness(cands[i].InFlight, cands[i].QueuedTokens), float64(cands[i].CachedTokens), 0)
+		t.Offer(i, Busyness(cands[i].InFlight, cands[i].QueuedTokens), float64(cands[i].CachedTokens), 0)
 	}
-	return t.best
+	return t.Best()
 }
 
-// tieBreak finds the minimum of (primary, secondary, tertiary) keys offered
-// in order, choosing uniformly among tied candidates by reservoir sampling:
-// the k-th tied candidate replaces the choice with probability 1/k. It
-// needs no memory per candidate, so placement does not allocate.
-type tieBreak struct {
+// Ranking finds the minimum of (primary, secondary, tertiary) keys offered
+// one candidate at a time, choosing uniformly among tied candidates by
+// reservoir sampling: the k-th tied candidate replaces the choice with
+// probability 1/k. Ties never go to the first candidate by default, and it
+// needs no memory per candidate, so ranking does not allocate. The zero
+// value is ready to use.
+type Ranking struct {
 	best                         int
 	ties                         int
 	primary, secondary, tertiary float64
 }
 
-func (t *tieBreak) offer(i int, primary, secondary, tertiary float64) {
+// Best returns the index of the best candidate offered, or -1 when none was.
+func (t *Ranking) Best() int {
+	if t.ties == 0 {
+		return -1
+	}
+	return t.best
+}
+
+// Offer considers candidate i with the given keys; lower keys are better,
+// compared in order.
+func (t *Ranking) Offer(i int, primary, secondary, tertiary float64) {
 	if t.ties > 0 {
 		c := compare(primary, t.primary)
 		if c == 0 {

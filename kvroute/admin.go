@@ -20,7 +20,7 @@ func init() {
 // Admin is the admin API module `admin.api.kvroute`. It serves, on Caddy's admin listener only:
 //
 //	GET    /kvroute/               the router's state, per model and upstream (JSON)
-//	DELETE /kvroute/sessions/{id}  forget one session binding
+//	DELETE /kvroute/sessions/{id}  forget a session's bindings (for every model)
 //	POST   /kvroute/reset          drop all prefix trees and session bindings
 //
 // Admin modules are created for every config, whether or not it uses the policy, so Admin
@@ -95,7 +95,7 @@ func (a Admin) serve(w http.ResponseWriter, r *http.Request) error {
 			return apiError(http.StatusBadRequest, "bad session id")
 		}
 		s := currentState()
-		if s == nil || !s.sessions.forget(boundKey(id, maxSessionLen)) {
+		if s == nil || !s.forgetSession(boundKey(id, maxSessionLen)) {
 			return apiError(http.StatusNotFound, "no binding for that session")
 		}
 		return writeJSON(w, http.StatusOK, map[string]any{"forgotten": true})
@@ -109,9 +109,7 @@ func status(s *state) Status {
 	if s == nil {
 		return st
 	}
-	s.mu.Lock()
-	st.Loaded = len(s.instances) > 0
-	s.mu.Unlock()
+	st.Loaded = s.loaded()
 	st.StoredChars = s.forest.Chars()
 	st.Sessions = s.sessions.len()
 	st.Evictions = s.evictions.Load()

@@ -1,7 +1,7 @@
 package kvroute
 
 import (
-	"strings"
+	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
@@ -22,7 +22,7 @@ import (
 //		eviction_interval      120s
 //		max_tree_size          64Mi         # chars in all trees together (SI or binary suffix)
 //		session_header         X-Session-ID
-//		session_cookie         kvroute_session [<secret>]
+//		session_cookie         kvroute_session [<secret>]   # secret: >= 16 bytes, e.g. {env.KVROUTE_COOKIE_SECRET}
 //		session_ttl            30m
 //		max_sessions           100000
 //		expected_tokens        256
@@ -54,136 +54,108 @@ func (p *KVCacheAware) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			}
 			seen[opt] = true
 		}
-		switch opt {
-		case "cache_threshold":
-			v, err := kvcf.FloatArg(d)
-			if err != nil {
-				return err
-			}
-			if v < 0 || v > 1 {
-				return d.Errf("cache_threshold: must be between 0 and 1, got %v", v)
-			}
-			p.CacheThreshold = &v
-		case "balance_abs_threshold":
-			v, err := kvcf.IntArg(d)
-			if err != nil {
-				return err
-			}
-			if v < 0 {
-				return d.Errf("balance_abs_threshold: must be >= 0, got %d", v)
-			}
-			p.BalanceAbsThreshold = &v
-		case "balance_rel_threshold":
-			v, err := kvcf.FloatArg(d)
-			if err != nil {
-				return err
-			}
-			if v < 1 {
-				return d.Errf("balance_rel_threshold: must be >= 1, got %v", v)
-			}
-			p.BalanceRelThreshold = &v
-		case "on_imbalance":
-			v, err := kvcf.StringArg(d)
-			if err != nil {
-				return err
-			}
-			if v != "least_busy" && v != "prefix_in_band" {
-				return d.Errf("on_imbalance: must be least_busy or prefix_in_band, got %q", v)
-			}
-			p.OnImbalance = v
-		case "eviction_interval":
-			v, err := kvcf.DurationArg(d)
-			if err != nil {
-				return err
-			}
-			if v <= 0 {
-				return d.Errf("eviction_interval: must be positive")
-			}
-			p.EvictionInterval = caddy.Duration(v)
-		case "max_tree_size":
-			v, err := kvcf.SizeArg(d)
-			if err != nil {
-				return err
-			}
-			if v <= 0 {
-				return d.Errf("max_tree_size: must be positive")
-			}
-			p.MaxTreeSize = v
-		case "session_header":
-			v, err := kvcf.StringArg(d)
-			if err != nil {
-				return err
-			}
-			p.SessionHeader = v
-		case "session_cookie":
-			args := d.RemainingArgs()
-			if len(args) > 2 {
-				return d.Errf("session_cookie: expected [name] [secret], got %d arguments", len(args))
-			}
-			c := &SessionCookie{}
-			if len(args) > 0 {
-				if strings.ContainsAny(args[0], " \t;,=\"") {
-					return d.Errf("session_cookie: invalid cookie name %q", args[0])
-				}
-				c.Name = args[0]
-			}
-			if len(args) > 1 {
-				c.Secret = args[1]
-			}
-			p.SessionCookie = c
-		case "session_ttl":
-			v, err := kvcf.DurationArg(d)
-			if err != nil {
-				return err
-			}
-			if v <= 0 {
-				return d.Errf("session_ttl: must be positive")
-			}
-			p.SessionTTL = caddy.Duration(v)
-		case "max_sessions":
-			v, err := kvcf.IntArg(d)
-			if err != nil {
-				return err
-			}
-			if v <= 0 {
-				return d.Errf("max_sessions: must be positive")
-			}
-			p.MaxSessions = v
-		case "expected_tokens":
-			v, err := kvcf.IntArg(d)
-			if err != nil {
-				return err
-			}
-			if v <= 0 {
-				return d.Errf("expected_tokens: must be positive")
-			}
-			p.ExpectedTokens = v
-		case "fallback":
-			v, err := kvcf.StringArg(d)
-			if err != nil {
-				return err
-			}
-			if _, err := energy.ParseStrategy(v); err != nil {
-				return d.Errf("fallback: %v", err)
-			}
-			p.Fallback = v
-		case "upstream":
-			addr, prof, err := kvcf.ParseUpstream(d)
-			if err != nil {
-				return err
-			}
-			if p.Upstreams == nil {
-				p.Upstreams = make(map[string]energy.Profile)
-			}
-			if _, dup := p.Upstreams[addr]; dup {
-				return d.Errf("upstream %s: given twice", addr)
-			}
-			p.Upstreams[addr] = prof
-		default:
-			return d.Errf("unrecognized kv_cache_aware option %q", opt)
+		if err := p.unmarshalOption(d, opt); err != nil {
+			return err
+		}
+		if opt == "upstream" {
+			continue
+		}
+		if zeroGiven(p, opt) {
+			// In JSON an absent option is zero and means the default; a Caddyfile says so by
+			// leaving the option out.
+			return d.Errf("%s: must be positive", opt)
+		}
+		// The same check Provision runs for JSON configs, here with the option's file:line.
+		s := p.settings(false)
+		if err := s.check(opt); err != nil {
+			return d.Err(err.Error())
 		}
 	}
 	return nil
+}
+
+// zeroGiven reports whether opt, just read, is one whose zero value means "the default".
+func zeroGiven(p *KVCacheAware, opt string) bool {
+	switch opt {
+	case "eviction_interval":
+		return p.EvictionInterval == 0
+	case "max_tree_size":
+		return p.MaxTreeSize == 0
+	case "session_ttl":
+		return p.SessionTTL == 0
+	case "max_sessions":
+		return p.MaxSessions == 0
+	case "expected_tokens":
+		return p.ExpectedTokens == 0
+	}
+	return false
+}
+
+// unmarshalOption reads the option opt that d is on into p.
+func (p *KVCacheAware) unmarshalOption(d *caddyfile.Dispenser, opt string) error {
+	var err error
+	switch opt {
+	case "cache_threshold":
+		var v float64
+		v, err = kvcf.FloatArg(d)
+		p.CacheThreshold = &v
+	case "balance_abs_threshold":
+		var v int
+		v, err = kvcf.IntArg(d)
+		p.BalanceAbsThreshold = &v
+	case "balance_rel_threshold":
+		var v float64
+		v, err = kvcf.FloatArg(d)
+		p.BalanceRelThreshold = &v
+	case "on_imbalance":
+		p.OnImbalance, err = kvcf.StringArg(d)
+	case "eviction_interval":
+		var v time.Duration
+		v, err = kvcf.DurationArg(d)
+		p.EvictionInterval = caddy.Duration(v)
+	case "max_tree_size":
+		p.MaxTreeSize, err = kvcf.SizeArg(d)
+	case "session_header":
+		p.SessionHeader, err = kvcf.StringArg(d)
+	case "session_cookie":
+		args := d.RemainingArgs()
+		if len(args) > 2 {
+			return d.Errf("session_cookie: expected [name] [secret], got %d arguments", len(args))
+		}
+		c := &SessionCookie{}
+		if len(args) > 0 {
+			c.Name = args[0]
+		}
+		if len(args) > 1 {
+			c.Secret = args[1]
+		}
+		p.SessionCookie = c
+	case "session_ttl":
+		var v time.Duration
+		v, err = kvcf.DurationArg(d)
+		p.SessionTTL = caddy.Duration(v)
+	case "max_sessions":
+		p.MaxSessions, err = kvcf.IntArg(d)
+	case "expected_tokens":
+		p.ExpectedTokens, err = kvcf.IntArg(d)
+	case "fallback":
+		p.Fallback, err = kvcf.StringArg(d)
+	case "upstream":
+		addr, prof, perr := kvcf.ParseUpstream(d)
+		if perr != nil {
+			return perr
+		}
+		if p.Upstreams == nil {
+			p.Upstreams = make(map[string]energy.Profile)
+		}
+		if _, dup := p.Upstreams[addr]; dup {
+			return d.Errf("upstream %s: given twice", addr)
+		}
+		p.Upstreams[addr] = prof
+	default:
+		return d.Err(unknownOption(opt).Error())
+	}
+	return err
 }
 
 // UnmarshalCaddyfile sets up the matcher from Caddyfile tokens. Syntax:

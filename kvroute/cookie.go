@@ -10,10 +10,9 @@ import (
 )
 
 const (
-	defaultCookieName = "kvroute_session"
-	cookieIDBytes     = 16
-	cookieIDLen       = 22 // base64url of 16 bytes, unpadded
-	cookieMACLen      = 43 // base64url of a SHA-256 HMAC, unpadded
+	cookieIDBytes = 16
+	cookieIDLen   = 22 // base64url of 16 bytes, unpadded
+	cookieMACLen  = 43 // base64url of a SHA-256 HMAC, unpadded
 )
 
 // SessionCookie configures cookie-based session affinity.
@@ -21,8 +20,10 @@ type SessionCookie struct {
 	// Name of the cookie. Default: kvroute_session.
 	Name string `json:"name,omitempty"`
 	// Secret signs the cookie (HMAC-SHA256) so that a client cannot choose its session id;
-	// placeholders such as {env.KVROUTE_COOKIE_SECRET} are replaced at load time. Without it the
-	// cookie is an unsigned random id.
+	// placeholders such as {env.KVROUTE_COOKIE_SECRET} are replaced at load time, and the
+	// config is refused when a given secret resolves to fewer than 16 bytes (make one with
+	// `openssl rand -base64 32`). Without it the cookie is an unsigned random id. Replicas of
+	// one fleet must share it.
 	Secret string `json:"secret,omitempty"`
 }
 

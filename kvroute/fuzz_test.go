@@ -233,7 +233,7 @@ func FuzzSelectBody(f *testing.F) {
 	for i, s := range selectSeeds {
 		f.Add([]byte(s), uint16(64<<(i%6)), i%2 == 1, i%3 != 0, []string{"", "sess", strings.Repeat("s", 200)}[i%3])
 	}
-	p := newPolicy(f, &KVCacheAware{MaxTreeSize: 1 << 20, MaxSessions: 512, SessionCookie: &SessionCookie{Secret: "k"}})
+	p := newPolicy(f, &KVCacheAware{MaxTreeSize: 1 << 20, MaxSessions: 512, SessionCookie: &SessionCookie{Secret: testSecret}})
 	p.logger = zap.NewNop()
 	pool := newPool("a:1", "b:1", "c:1")
 	f.Fuzz(func(t *testing.T, body []byte, maxBody uint16, chunked, matcher bool, sid string) {

@@ -14,3 +14,6 @@ func TestMain(m *testing.M) {
 	caddytest.Default.Certificates = nil
 	os.Exit(m.Run())
 }
+
+// testSecret is a cookie secret long enough to be accepted (16 bytes or more).
+const testSecret = "test-secret-0123456789"

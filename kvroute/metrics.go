@@ -15,8 +15,6 @@ type kvMetrics struct {
 	matchRatio    prometheus.Histogram
 	tokensAvoided prometheus.Counter
 	joulesSaved   prometheus.Counter
-	evictedChars  prometheus.Counter
-	evictionRuns  prometheus.Counter
 	decisionsVec  *prometheus.CounterVec
 	gauges        stateCollector
 }
@@ -42,14 +40,6 @@ func newMetrics() *kvMetrics {
 			Namespace: ns, Subsystem: sub, Name: "joules_saved_total",
 			Help: "Estimated prefill energy avoided by cache hits on annotated upstreams, in joules.",
 		}),
-		evictedChars: prometheus.NewCounter(prometheus.CounterOpts{
-			Namespace: ns, Subsystem: sub, Name: "evicted_chars_total",
-			Help: "Chars evicted from the prefix trees by the periodic eviction.",
-		}),
-		evictionRuns: prometheus.NewCounter(prometheus.CounterOpts{
-			Namespace: ns, Subsystem: sub, Name: "evictions_total",
-			Help: "Periodic eviction passes run.",
-		}),
 	}
 	for i, name := range pathNames {
 		m.decisions[i] = m.decisionsVec.WithLabelValues(name)
@@ -64,7 +54,7 @@ func registerMetrics(reg *prometheus.Registry) {
 	}
 	for _, c := range []prometheus.Collector{
 		metrics.decisionsVec, metrics.matchRatio, metrics.tokensAvoided, metrics.joulesSaved,
-		metrics.evictedChars, metrics.evictionRuns, &metrics.gauges,
+		&metrics.gauges,
 	} {
 		if err := reg.Register(c); err != nil {
 			var are prometheus.AlreadyRegisteredError
@@ -76,9 +66,10 @@ func registerMetrics(reg *prometheus.Registry) {
 	}
 }
 
-// stateCollector reports gauges read from the shared state at scrape time: tree chars per
-// upstream, in-flight requests per upstream, live sessions, stored chars. Labels are upstream
-// dial addresses only (bounded by the fleet), never sessions or prompts.
+// stateCollector reports what the shared state counts, read at scrape time: tree chars per
+// upstream, in-flight requests per upstream, live sessions, stored chars, evictions. The state
+// keeps its own counts and writes no metrics. Labels are upstream dial addresses only (bounded
+// by the fleet), never sessions or prompts.
 type stateCollector struct{}
 
 var (
@@ -90,6 +81,10 @@ var (
 		"Requests the router sent to the upstream that have not finished.", []string{"upstream"}, nil)
 	descSessions = prometheus.NewDesc(ns+"_"+sub+"_sessions",
 		"Live session bindings.", nil, nil)
+	descEvictedChars = prometheus.NewDesc(ns+"_"+sub+"_evicted_chars_total",
+		"Chars evicted from the prefix trees by the periodic eviction.", nil, nil)
+	descEvictionRuns = prometheus.NewDesc(ns+"_"+sub+"_evictions_total",
+		"Periodic eviction passes run.", nil, nil)
 )
 
 func (*stateCollector) Describe(ch chan<- *prometheus.Desc) {
@@ -97,6 +92,8 @@ func (*stateCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- descStoredChars
 	ch <- descInFlight
 	ch <- descSessions
+	ch <- descEvictedChars
+	ch <- descEvictionRuns
 }
 
 func (*stateCollector) Collect(ch chan<- prometheus.Metric) {
@@ -106,6 +103,8 @@ func (*stateCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	ch <- prometheus.MustNewConstMetric(descStoredChars, prometheus.GaugeValue, float64(s.forest.Chars()))
 	ch <- prometheus.MustNewConstMetric(descSessions, prometheus.GaugeValue, float64(s.sessions.len()))
+	ch <- prometheus.MustNewConstMetric(descEvictedChars, prometheus.CounterValue, float64(s.evictedChars.Load()))
+	ch <- prometheus.MustNewConstMetric(descEvictionRuns, prometheus.CounterValue, float64(s.evictions.Load()))
 	for _, addr := range s.upstreamAddrs() {
 		ch <- prometheus.MustNewConstMetric(descTreeChars, prometheus.GaugeValue, float64(s.forest.TenantChars(addr)), addr)
 		if v, ok := s.upstreams.Load(addr); ok {

@@ -1,6 +1,7 @@
 package kvroute
 
 import (
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"net/http"
@@ -12,11 +13,6 @@ import (
 
 	"github.com/kvroute/caddy-kvroute/kvroute/llmreq"
 )
-
-// DefaultMaxBody is how many body bytes are read for routing when neither the matcher nor the
-// policy says otherwise. Larger bodies route on their first DefaultMaxBody bytes and still reach
-// the upstream whole.
-const DefaultMaxBody = 4 << 20
 
 // Bounds on client-controlled keys: a model or session id longer than this is replaced by a
 // digest, so the memory a client can pin per key is fixed.
@@ -43,8 +39,9 @@ type llmRequest struct {
 	tried []string
 
 	// cookieID is the session id of a cookie this request is about to set (session_cookie,
-	// no session yet): retries reuse it.
-	cookieID string
+	// no session yet): retries reuse it. cookieSet: the first attempt set it.
+	cookieID  string
+	cookieSet bool
 }
 
 // requestFor returns the request's extracted LLM request, reading at most maxBody bytes of the
@@ -100,4 +97,29 @@ func boundKey(s string, max int) string {
 // promptTokens estimates the prompt's tokens: chars / 4.
 func (lr *llmRequest) promptTokens() int64 {
 	return int64(lr.Runes+3) / 4
+}
+
+// track counts the request as in flight on u until the request ends; a retry moves it from the
+// previous pick.
+func (lr *llmRequest) track(r *http.Request, u *upstreamState) {
+	tokens := lr.promptTokens()
+	u.inFlight.Add(1)
+	u.queuedTokens.Add(tokens)
+	if old := lr.pick.Swap(u); old != nil {
+		old.inFlight.Add(-1)
+		old.queuedTokens.Add(-tokens)
+	} else {
+		context.AfterFunc(r.Context(), lr.untrack)
+	}
+	if r.Context().Err() != nil {
+		lr.untrack() // the request ended while it was being placed
+	}
+}
+
+// untrack stops counting the request as in flight.
+func (lr *llmRequest) untrack() {
+	if u := lr.pick.Swap(nil); u != nil {
+		u.inFlight.Add(-1)
+		u.queuedTokens.Add(-lr.promptTokens())
+	}
 }

@@ -39,7 +39,7 @@ func TestSecurityNoPromptOrSessionInLogsOrMetrics(t *testing.T) {
 	logger := zap.New(core)
 	p := newPolicy(t, &KVCacheAware{
 		MaxTreeSize:   3000,
-		SessionCookie: &SessionCookie{Secret: "cookie-key"},
+		SessionCookie: &SessionCookie{Secret: testSecret},
 		Upstreams:     map[string]energy.Profile{"a:1": {Models: []string{"m*"}}},
 	})
 	p.logger = logger
@@ -148,7 +148,7 @@ func TestSecurityNoPromptOrSessionInLogsOrMetrics(t *testing.T) {
 // or anything a client could read routing from; two sessions on the same upstream get
 // unrelated values.
 func TestSecurityCookieOpaque(t *testing.T) {
-	p := newPolicy(t, &KVCacheAware{SessionCookie: &SessionCookie{Secret: "k"}})
+	p := newPolicy(t, &KVCacheAware{SessionCookie: &SessionCookie{Secret: testSecret}})
 	pool := newPool("10.0.0.1:8000")
 	seen := map[string]bool{}
 	for i := 0; i < 50; i++ {

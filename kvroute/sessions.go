@@ -7,15 +7,13 @@ import (
 	"time"
 )
 
-const (
-	defaultMaxSessions = 100000
-	defaultSessionTTL  = 30 * time.Minute
-	sessionShards      = 32
-)
+const sessionShards = 32
 
-// sessionStore binds session ids to upstream dial addresses. Bindings expire after the TTL
-// without use, and the store holds at most max bindings: past that, the least recently used
-// binding of the shard goes. A client inventing ids cannot grow it beyond the cap.
+// sessionStore binds session ids to upstream dial addresses, one binding per (model, session
+// id): the same id used for two models keeps a binding for each. Bindings expire after the TTL
+// without use, and the store holds at most max bindings in all: past that, the least recently
+// used binding of the shard being written goes (of another shard when that one is empty). A
+// client inventing ids cannot grow it beyond the cap.
 type sessionStore struct {
 	seed   maphash.Seed
 	shards [sessionShards]sessionShard
@@ -26,57 +24,51 @@ type sessionStore struct {
 
 type sessionShard struct {
 	mu   sync.Mutex
-	m    map[string]*binding
+	m    map[sessionKey]*binding
 	head binding // sentinel of a circular LRU list: head.next is the most recent
 }
 
+// sessionKey names one binding.
+type sessionKey struct{ model, sid string }
+
 type binding struct {
-	key, upstream string
-	expires       int64 // unix nanoseconds
-	prev, next    *binding
+	key        sessionKey
+	upstream   string
+	expires    int64 // unix nanoseconds
+	prev, next *binding
 }
 
 func newSessionStore(max int, ttl time.Duration) *sessionStore {
 	s := &sessionStore{seed: maphash.MakeSeed()}
 	for i := range s.shards {
 		sh := &s.shards[i]
-		sh.m = make(map[string]*binding)
+		sh.m = make(map[sessionKey]*binding)
 		sh.head.next, sh.head.prev = &sh.head, &sh.head
 	}
 	s.configure(max, ttl)
 	return s
 }
 
-// configure sets the cap and the TTL; a smaller cap takes effect on the next bind of each shard.
+// configure sets the cap and the TTL (both already checked and defaulted); a smaller cap takes
+// effect on the next bind.
 func (s *sessionStore) configure(max int, ttl time.Duration) {
-	if max <= 0 {
-		max = defaultMaxSessions
-	}
-	if ttl <= 0 {
-		ttl = defaultSessionTTL
-	}
 	s.max.Store(int64(max))
 	s.ttl.Store(int64(ttl))
 }
 
-func (s *sessionStore) shard(key string) *sessionShard {
-	return &s.shards[maphash.String(s.seed, key)%sessionShards]
+// shard hashes the session id alone, so that forgetting an id for every model can stop at
+// one shard.
+func (s *sessionStore) shard(sid string) *sessionShard {
+	return &s.shards[maphash.String(s.seed, sid)%sessionShards]
 }
 
-func (s *sessionStore) perShard() int {
-	n := int(s.max.Load()) / sessionShards
-	if n < 1 {
-		n = 1
-	}
-	return n
-}
-
-// get returns the upstream key is bound to, refreshing the binding's recency and expiry.
-func (s *sessionStore) get(key string, now time.Time) (string, bool) {
-	sh := s.shard(key)
+// get returns the upstream sid is bound to for model, refreshing the binding's recency and
+// expiry.
+func (s *sessionStore) get(model, sid string, now time.Time) (string, bool) {
+	sh := s.shard(sid)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	b, ok := sh.m[key]
+	b, ok := sh.m[sessionKey{model, sid}]
 	if !ok {
 		return "", false
 	}
@@ -90,38 +82,79 @@ func (s *sessionStore) get(key string, now time.Time) (string, bool) {
 	return b.upstream, true
 }
 
-// bind binds key to upstream.
-func (s *sessionStore) bind(key, upstream string, now time.Time) {
-	sh := s.shard(key)
+// bind binds sid to upstream for model.
+func (s *sessionStore) bind(model, sid, upstream string, now time.Time) {
+	sh := s.shard(sid)
 	sh.mu.Lock()
-	defer sh.mu.Unlock()
 	exp := now.UnixNano() + s.ttl.Load()
+	key := sessionKey{model, sid}
 	if b, ok := sh.m[key]; ok {
 		b.upstream, b.expires = upstream, exp
 		sh.moveFront(b)
+		sh.mu.Unlock()
 		return
-	}
-	for len(sh.m) >= s.perShard() {
-		sh.remove(sh.head.prev)
-		s.live.Add(-1)
 	}
 	b := &binding{key: key, upstream: upstream, expires: exp}
 	sh.m[key] = b
 	sh.pushFront(b)
-	s.live.Add(1)
+	over := s.live.Add(1) > s.max.Load()
+	if over && len(sh.m) > 1 {
+		sh.remove(sh.head.prev)
+		s.live.Add(-1)
+		over = false
+	}
+	sh.mu.Unlock()
+	if over {
+		s.evictElsewhere(sh)
+	}
 }
 
-// forget removes key's binding and reports whether there was one.
-func (s *sessionStore) forget(key string) bool {
-	sh := s.shard(key)
+// evictElsewhere removes the least recently used binding of the first other shard that has
+// one: the shard just written to held only the new binding.
+func (s *sessionStore) evictElsewhere(skip *sessionShard) {
+	for i := range s.shards {
+		sh := &s.shards[i]
+		if sh == skip {
+			continue
+		}
+		sh.mu.Lock()
+		if len(sh.m) > 0 {
+			sh.remove(sh.head.prev)
+			sh.mu.Unlock()
+			s.live.Add(-1)
+			return
+		}
+		sh.mu.Unlock()
+	}
+}
+
+// forgetBinding removes sid's binding for model.
+func (s *sessionStore) forgetBinding(model, sid string) {
+	sh := s.shard(sid)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	b, ok := sh.m[key]
-	if ok {
+	if b, ok := sh.m[sessionKey{model, sid}]; ok {
 		sh.remove(b)
 		s.live.Add(-1)
 	}
-	return ok
+}
+
+// forget removes sid's bindings for every model and returns how many there were.
+func (s *sessionStore) forget(sid string) int {
+	sh := s.shard(sid)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	n := 0
+	for b := sh.head.next; b != &sh.head; {
+		next := b.next
+		if b.key.sid == sid {
+			sh.remove(b)
+			n++
+		}
+		b = next
+	}
+	s.live.Add(int64(-n))
+	return n
 }
 
 // dropUpstream removes every binding to upstream and returns how many went.

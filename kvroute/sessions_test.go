@@ -15,22 +15,22 @@ import (
 func TestSessionStoreTTL(t *testing.T) {
 	s := newSessionStore(100, time.Minute)
 	now := time.Now()
-	s.bind("a", "u1", now)
-	if up, ok := s.get("a", now.Add(30*time.Second)); !ok || up != "u1" {
+	s.bind("", "a", "u1", now)
+	if up, ok := s.get("", "a", now.Add(30*time.Second)); !ok || up != "u1" {
 		t.Fatalf("get before TTL: %q %v", up, ok)
 	}
 	// The get refreshed the binding: 30s + 59s is within the TTL of the last use.
-	if _, ok := s.get("a", now.Add(89*time.Second)); !ok {
+	if _, ok := s.get("", "a", now.Add(89*time.Second)); !ok {
 		t.Fatalf("binding expired although used 59s ago with a 1m TTL")
 	}
-	if _, ok := s.get("a", now.Add(89*time.Second+time.Minute)); ok {
+	if _, ok := s.get("", "a", now.Add(89*time.Second+time.Minute)); ok {
 		t.Fatalf("binding alive after its TTL")
 	}
 	if s.len() != 0 {
 		t.Fatalf("len %d after expiry, want 0", s.len())
 	}
-	s.bind("b", "u1", now)
-	s.bind("c", "u2", now.Add(2*time.Minute))
+	s.bind("", "b", "u1", now)
+	s.bind("", "c", "u2", now.Add(2*time.Minute))
 	if n := s.expire(now.Add(90 * time.Second)); n != 1 {
 		t.Fatalf("expire removed %d, want 1", n)
 	}
@@ -41,7 +41,7 @@ func TestSessionStoreCap(t *testing.T) {
 	s := newSessionStore(max, time.Hour)
 	now := time.Now()
 	for i := 0; i < 100*max; i++ {
-		s.bind(fmt.Sprintf("session-%d", i), "u1", now)
+		s.bind("", fmt.Sprintf("session-%d", i), "u1", now)
 	}
 	if s.len() > max {
 		t.Fatalf("%d bindings held, cap %d", s.len(), max)
@@ -50,10 +50,10 @@ func TestSessionStoreCap(t *testing.T) {
 		t.Fatalf("only %d bindings held, cap %d: the cap evicts too eagerly", s.len(), max)
 	}
 	// The most recent bindings survive; the oldest went.
-	if _, ok := s.get(fmt.Sprintf("session-%d", 100*max-1), now); !ok {
+	if _, ok := s.get("", fmt.Sprintf("session-%d", 100*max-1), now); !ok {
 		t.Errorf("the newest binding was evicted")
 	}
-	if _, ok := s.get("session-0", now); ok {
+	if _, ok := s.get("", "session-0", now); ok {
 		t.Errorf("the oldest binding survived a flood of 100× the cap")
 	}
 }
@@ -61,16 +61,16 @@ func TestSessionStoreCap(t *testing.T) {
 func TestSessionStoreForgetAndDropUpstream(t *testing.T) {
 	s := newSessionStore(100, time.Hour)
 	now := time.Now()
-	s.bind("a", "u1", now)
-	s.bind("b", "u1", now)
-	s.bind("c", "u2", now)
-	if !s.forget("a") || s.forget("a") {
+	s.bind("", "a", "u1", now)
+	s.bind("", "b", "u1", now)
+	s.bind("", "c", "u2", now)
+	if s.forget("a") != 1 || s.forget("a") != 0 {
 		t.Fatalf("forget should succeed once")
 	}
 	if n := s.dropUpstream("u1"); n != 1 {
 		t.Fatalf("dropUpstream removed %d, want 1", n)
 	}
-	if up, ok := s.get("c", now); !ok || up != "u2" {
+	if up, ok := s.get("", "c", now); !ok || up != "u2" {
 		t.Fatalf("unrelated binding lost")
 	}
 	if got := s.perUpstream(); got["u2"] != 1 || len(got) != 1 {
@@ -92,9 +92,9 @@ func TestSessionStoreConcurrent(t *testing.T) {
 				case 0:
 					s.forget(k)
 				case 1:
-					s.get(k, now)
+					s.get("", k, now)
 				default:
-					s.bind(k, fmt.Sprintf("u%d", i%4), now)
+					s.bind("", k, fmt.Sprintf("u%d", i%4), now)
 				}
 			}
 			s.dropUpstream("u1")
@@ -135,7 +135,7 @@ func TestSessionStaleBindingDropped(t *testing.T) {
 	if got == first || got == "" {
 		t.Fatalf("binding to a departed upstream was used: %s", got)
 	}
-	if up, _ := p.state.sessions.get("s1", time.Now()); up != got {
+	if up, _ := p.state.sessions.get("m", "s1", time.Now()); up != got {
 		t.Fatalf("session rebound to %q, want %q", up, got)
 	}
 }
@@ -143,10 +143,10 @@ func TestSessionStaleBindingDropped(t *testing.T) {
 func TestSessionForget(t *testing.T) {
 	p := newPolicy(t, nil)
 	pick(t, p, newPool("a:1", "b:1"), "m", "hello", "X-Session-ID", "s1")
-	if !p.state.sessions.forget("s1") {
+	if p.state.sessions.forget("s1") == 0 {
 		t.Fatalf("no binding to forget")
 	}
-	if _, ok := p.state.sessions.get("s1", time.Now()); ok {
+	if _, ok := p.state.sessions.get("m", "s1", time.Now()); ok {
 		t.Fatalf("binding survived forget")
 	}
 }
@@ -166,13 +166,13 @@ func TestSessionSaturatedSkippedButKept(t *testing.T) {
 }
 
 func TestSessionPrecedenceHeaderCookieBody(t *testing.T) {
-	p := newPolicy(t, &KVCacheAware{SessionCookie: &SessionCookie{Secret: "k"}})
+	p := newPolicy(t, &KVCacheAware{SessionCookie: &SessionCookie{Secret: testSecret}})
 	pool := newPool("a:1", "b:1", "c:1", "d:1")
 	_, cookieVal := p.cookie.newID()
 	cookieID, _ := p.cookie.decode(cookieVal)
-	p.state.sessions.bind("hdr", "a:1", time.Now())
-	p.state.sessions.bind(cookieID, "b:1", time.Now())
-	p.state.sessions.bind("body", "c:1", time.Now())
+	p.state.sessions.bind("m", "hdr", "a:1", time.Now())
+	p.state.sessions.bind("m", cookieID, "b:1", time.Now())
+	p.state.sessions.bind("m", "body", "c:1", time.Now())
 	body := func() string {
 		return fmt.Sprintf(`{"model":"m","prompt_cache_key":"body","messages":[{"role":"user","content":%q}]}`, coldPrompt(9))
 	}
@@ -183,7 +183,7 @@ func TestSessionPrecedenceHeaderCookieBody(t *testing.T) {
 			r.Header.Set("X-Session-ID", "hdr")
 		}
 		if withCookie {
-			r.AddCookie(&http.Cookie{Name: defaultCookieName, Value: cookieVal})
+			r.AddCookie(&http.Cookie{Name: DefaultCookieName, Value: cookieVal})
 		}
 		return p.Select(pool, r, nil).Dial
 	}
@@ -199,7 +199,7 @@ func TestSessionPrecedenceHeaderCookieBody(t *testing.T) {
 }
 
 func TestSessionCookieSetAndTampered(t *testing.T) {
-	p := newPolicy(t, &KVCacheAware{SessionCookie: &SessionCookie{Name: "sid", Secret: "secret"}})
+	p := newPolicy(t, &KVCacheAware{SessionCookie: &SessionCookie{Name: "sid", Secret: testSecret}})
 	pool := newPool("a:1", "b:1", "c:1")
 	r, cancel := chatRequest("m", "hello there")
 	defer cancel()
@@ -227,6 +227,7 @@ func TestSessionCookieSetAndTampered(t *testing.T) {
 			t.Errorf("a valid cookie was set again")
 		}
 		cancel()
+		waitReleased(t, p, pool, map[string]int64{home: 1}) // the first request is still in flight
 	}
 	// Tampering: change one char of the id or of the signature; drop the signature.
 	id, sig, _ := strings.Cut(c.Value, ".")
@@ -270,7 +271,7 @@ func TestSessionCookieSecureOverTLS(t *testing.T) {
 // A retry (Select again on the same request) keeps the new cookie session of the first attempt:
 // one Set-Cookie, one binding.
 func TestSessionCookieRetryKeepsSession(t *testing.T) {
-	p := newPolicy(t, &KVCacheAware{SessionCookie: &SessionCookie{Secret: "s"}})
+	p := newPolicy(t, &KVCacheAware{SessionCookie: &SessionCookie{Secret: testSecret}})
 	pool := newPool("a:1", "b:1")
 	r, cancel := chatRequest("m", coldPrompt(7))
 	defer cancel()
@@ -283,10 +284,12 @@ func TestSessionCookieRetryKeepsSession(t *testing.T) {
 	if n := len(w.Header()["Set-Cookie"]); n != 1 {
 		t.Fatalf("%d Set-Cookie headers after a retry, want 1: %v", n, w.Header()["Set-Cookie"])
 	}
-	if p.state.sessions.len() != 1 {
-		t.Fatalf("%d bindings after a retry, want 1", p.state.sessions.len())
+	// The id was issued by this request: its binding waits in the pending space until the
+	// client presents the cookie back.
+	if p.state.pending.len() != 1 || p.state.sessions.len() != 0 {
+		t.Fatalf("%d+%d bindings after a retry, want 1 pending", p.state.sessions.len(), p.state.pending.len())
 	}
-	for id := range p.state.sessions.perUpstream() {
+	for id := range p.state.pending.perUpstream() {
 		if id != second {
 			t.Fatalf("the session stayed bound to %s, whose attempt failed; want %s", id, second)
 		}

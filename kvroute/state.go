@@ -1,6 +1,8 @@
 package kvroute
 
 import (
+	"context"
+	"fmt"
 	"math"
 	"sort"
 	"sync"
@@ -47,18 +49,79 @@ type upstreamState struct {
 	lastUsed     atomic.Int64 // unix nanoseconds of the last decision
 }
 
-// state is shared by every kv_cache_aware policy of the process.
+// registration is what the state knows of one provisioned policy: the state serves policies
+// without knowing their type.
+type registration struct {
+	config      context.Context // identifies the config the policy belongs to
+	provisioned time.Time
+	static      []string                  // dial addresses of its reverse_proxy's static upstreams
+	profiles    map[string]energy.Profile // its upstream blocks
+	logger      *zap.Logger
+	process     processOptions // as given; zero: left out
+}
+
+// processOptions are the options that configure the process-wide state. All policies of one
+// config must agree on the ones they give.
+type processOptions struct {
+	evictionInterval time.Duration
+	maxTreeSize      int64
+	sessionTTL       time.Duration
+	maxSessions      int
+}
+
+// merge fills o's unset options from q, and reports the first option both set differently.
+func (o *processOptions) merge(q processOptions) error {
+	conflict := func(name string, a, b any) error {
+		return fmt.Errorf("%s: all kv_cache_aware policies of a config share one state and must give the same value or leave it out; got %v and %v", name, a, b)
+	}
+	switch {
+	case o.evictionInterval != 0 && q.evictionInterval != 0 && o.evictionInterval != q.evictionInterval:
+		return conflict("eviction_interval", o.evictionInterval, q.evictionInterval)
+	case o.maxTreeSize != 0 && q.maxTreeSize != 0 && o.maxTreeSize != q.maxTreeSize:
+		return conflict("max_tree_size", o.maxTreeSize, q.maxTreeSize)
+	case o.sessionTTL != 0 && q.sessionTTL != 0 && o.sessionTTL != q.sessionTTL:
+		return conflict("session_ttl", o.sessionTTL, q.sessionTTL)
+	case o.maxSessions != 0 && q.maxSessions != 0 && o.maxSessions != q.maxSessions:
+		return conflict("max_sessions", o.maxSessions, q.maxSessions)
+	}
+	o.evictionInterval = or(o.evictionInterval, q.evictionInterval)
+	o.maxTreeSize = or(o.maxTreeSize, q.maxTreeSize)
+	o.sessionTTL = or(o.sessionTTL, q.sessionTTL)
+	o.maxSessions = or(o.maxSessions, q.maxSessions)
+	return nil
+}
+
+func (o processOptions) withDefaults() processOptions {
+	return processOptions{
+		evictionInterval: or(o.evictionInterval, DefaultEvictionInterval),
+		maxTreeSize:      or(o.maxTreeSize, DefaultMaxTreeSize),
+		sessionTTL:       or(o.sessionTTL, DefaultSessionTTL),
+		maxSessions:      or(o.maxSessions, DefaultMaxSessions),
+	}
+}
+
+// state is the hub shared by every kv_cache_aware policy of the process: it knows the
+// upstreams, the prefix trees, the session bindings and the counters, and answers the
+// policies' and the admin API's questions. Policies feed it their decisions (Select's record
+// step); every other source of knowledge feeds it the same way, through methods of its own.
 type state struct {
 	forest   *tree.Forest
 	sessions *sessionStore
+	// pending holds the bindings of cookie session ids issued and not yet presented back, in a
+	// space of their own: clients that keep no cookies (SDKs) get a new id on every request,
+	// and must not evict the sessions of those that do.
+	pending *sessionStore
 
 	upstreams sync.Map // dial address → *upstreamState
 
-	mu        sync.Mutex
-	instances map[*KVCacheAware]struct{} // provisioned and not yet cleaned up
-	interval  time.Duration              // eviction interval in force
-	logger    *zap.Logger
+	// static holds the static upstreams of all live policies, for the per-request path: a
+	// session bound to one of them that is not in this request's pool is another site's.
+	static atomic.Pointer[map[string]bool]
 
+	mu       sync.Mutex
+	regs     map[*registration]struct{} // provisioned and not yet cleaned up
+	options  processOptions             // in force: the newest config's, defaults applied
+	logger   *zap.Logger
 	reconfig chan struct{} // wakes the eviction loop when the interval changes
 	stop     chan struct{}
 	done     chan struct{}
@@ -77,14 +140,17 @@ type evictionRecord struct {
 }
 
 func newState() *state {
+	opts := processOptions{}.withDefaults()
 	return &state{
-		forest:    tree.NewForest(tree.Limits{}),
-		sessions:  newSessionStore(defaultMaxSessions, defaultSessionTTL),
-		instances: make(map[*KVCacheAware]struct{}),
-		logger:    zap.NewNop(),
-		reconfig:  make(chan struct{}, 1),
-		stop:      make(chan struct{}),
-		done:      make(chan struct{}),
+		forest:   tree.NewForest(tree.Limits{}),
+		sessions: newSessionStore(opts.maxSessions, opts.sessionTTL),
+		pending:  newSessionStore(pendingCap(opts.maxSessions), opts.sessionTTL),
+		regs:     make(map[*registration]struct{}),
+		options:  opts,
+		logger:   zap.NewNop(),
+		reconfig: make(chan struct{}, 1),
+		stop:     make(chan struct{}),
+		done:     make(chan struct{}),
 	}
 }
 
@@ -102,7 +168,7 @@ func acquireState() (*state, error) {
 }
 
 // currentState returns the process state without taking a reference, or nil when no
-// kv_cache_aware policy is loaded. The admin API uses it.
+// kv_cache_aware policy is loaded. The admin API and the metrics collector use it.
 func currentState() *state {
 	var s *state
 	states.Range(func(_, v any) bool {
@@ -119,18 +185,74 @@ func (s *state) Destruct() error {
 	return nil
 }
 
-// register adds a provisioned policy and applies its options to the shared parts: the most
-// recently provisioned policy's bounds win (a smaller max_tree_size evicts at once), and
-// kv_capacity bounds are the union over live policies.
-func (s *state) register(p *KVCacheAware) {
+// register adds a provisioned policy. The newest config's process-wide options are applied (a
+// smaller max_tree_size evicts at once); kv_capacity bounds are the union over live policies.
+// A policy whose process-wide options disagree with another policy of its config is refused.
+func (s *state) register(r *registration) error {
 	s.mu.Lock()
-	s.instances[p] = struct{}{}
-	s.logger = p.logger
-	changed := s.interval != time.Duration(p.EvictionInterval)
-	s.interval = time.Duration(p.EvictionInterval)
-	s.sessions.configure(p.MaxSessions, time.Duration(p.SessionTTL))
-	s.forest.SetLimits(s.limitsLocked(p.MaxTreeSize))
+	config := r.process
+	for q := range s.regs {
+		if q.config == r.config {
+			if err := config.merge(q.process); err != nil {
+				s.mu.Unlock()
+				return err
+			}
+		}
+	}
+	s.regs[r] = struct{}{}
+	s.publishStaticLocked()
+	s.logger = r.logger
+	s.applyLocked(config.withDefaults())
 	s.mu.Unlock()
+	return nil
+}
+
+// unregister drops a policy that is being cleaned up and forgets the static upstreams that it
+// listed and that no live policy lists any more: their cache is no longer reachable through
+// this router. Dynamic upstreams age out through eviction. When it was the last policy, the
+// state itself goes (UsagePool), so nothing is forgotten one by one (caddy validate and
+// shutdown end that way).
+func (s *state) unregister(r *registration) {
+	s.mu.Lock()
+	delete(s.regs, r)
+	s.publishStaticLocked()
+	newest := s.newestLocked()
+	if newest == nil {
+		s.mu.Unlock()
+		return
+	}
+	live := s.staticLocked()
+	var gone []string
+	for _, a := range r.static {
+		if !live[a] {
+			gone = append(gone, a)
+		}
+	}
+	config := processOptions{}
+	for q := range s.regs {
+		if q.config == newest.config {
+			_ = config.merge(q.process) // they agreed when they registered
+		}
+	}
+	s.logger = newest.logger
+	s.applyLocked(config.withDefaults())
+	logger := s.logger
+	s.mu.Unlock()
+	for _, a := range gone {
+		if chars, sessions := s.forgetUpstream(a); chars > 0 || sessions > 0 {
+			logger.Info("upstream left the config: dropped its prefixes and sessions",
+				zap.String("upstream", a), zap.Int64("chars", chars), zap.Int("sessions", sessions))
+		}
+	}
+}
+
+// applyLocked puts process-wide options in force.
+func (s *state) applyLocked(o processOptions) {
+	changed := s.options.evictionInterval != o.evictionInterval
+	s.options = o
+	s.sessions.configure(o.maxSessions, o.sessionTTL)
+	s.pending.configure(pendingCap(o.maxSessions), o.sessionTTL)
+	s.forest.SetLimits(s.limitsLocked(o.maxTreeSize))
 	if changed {
 		select {
 		case s.reconfig <- struct{}{}:
@@ -139,48 +261,51 @@ func (s *state) register(p *KVCacheAware) {
 	}
 }
 
-// unregister drops a policy that is being cleaned up and forgets the static upstreams that it
-// listed and that no live policy lists any more: their cache is no longer reachable through
-// this router. Dynamic upstreams age out through eviction.
-func (s *state) unregister(p *KVCacheAware) {
-	s.mu.Lock()
-	delete(s.instances, p)
+// pendingCap is the size of the space for issued cookie ids: a tenth of max_sessions, at least
+// one.
+func pendingCap(maxSessions int) int {
+	return max(1, maxSessions/10)
+}
+
+// newestLocked returns the most recently provisioned live policy, or nil.
+func (s *state) newestLocked() *registration {
+	var newest *registration
+	for q := range s.regs {
+		if newest == nil || q.provisioned.After(newest.provisioned) {
+			newest = q
+		}
+	}
+	return newest
+}
+
+// staticLocked returns the static upstreams of all live policies.
+func (s *state) staticLocked() map[string]bool {
 	live := make(map[string]bool)
-	for q := range s.instances {
+	for q := range s.regs {
 		for _, a := range q.static {
 			live[a] = true
 		}
 	}
-	var gone []string
-	for _, a := range p.static {
-		if !live[a] {
-			gone = append(gone, a)
-		}
-	}
-	if len(s.instances) > 0 {
-		var newest *KVCacheAware
-		for q := range s.instances {
-			if newest == nil || q.provisioned.After(newest.provisioned) {
-				newest = q
-			}
-		}
-		s.logger = newest.logger
-		s.forest.SetLimits(s.limitsLocked(newest.MaxTreeSize))
-	}
-	logger := s.logger
-	s.mu.Unlock()
-	for _, a := range gone {
-		s.forgetUpstream(a)
-		logger.Info("upstream left the config: dropped its prefixes and sessions", zap.String("upstream", a))
-	}
+	return live
 }
 
-// limitsLocked computes the forest's bounds: maxChars from the newest policy, and for each
-// annotated upstream tenantBound(kv_capacity).
+func (s *state) publishStaticLocked() {
+	live := s.staticLocked()
+	s.static.Store(&live)
+}
+
+// isStatic reports whether addr is a static upstream of a live policy.
+func (s *state) isStatic(addr string) bool {
+	m := s.static.Load()
+	return m != nil && (*m)[addr]
+}
+
+// limitsLocked computes the forest's bounds: maxChars, and for each annotated upstream
+// tenantBound(kv_capacity).
 func (s *state) limitsLocked(maxChars int64) tree.Limits {
 	l := tree.Limits{MaxChars: maxChars}
-	for q := range s.instances {
-		for addr, prof := range q.Upstreams {
+	for q := range s.regs {
+		for addr, prof := range q.profiles {
 			if prof.KVCapacity > 0 {
 				if l.TenantMaxChars == nil {
 					l.TenantMaxChars = make(map[string]int64)
@@ -196,9 +321,9 @@ func (s *state) limitsLocked(maxChars int64) tree.Limits {
 // tokens: 1.5 × its capacity at 4 chars per token. The tree cannot see what the worker evicts;
 // forgetting a prefix the worker still holds sends its next request elsewhere to prefill it
 // again, remembering one the worker dropped costs that one request a cold prefill on a worker
-// that likely still holds its shorter prefixes. Measured on the demo (3 runs each, README): at
-// 1× the chat hit ratio was 0.525–0.535 and Mooncake's 0.096; at 1.5×, 0.547 and 0.101, with p99
-// TTFT still below round_robin's.
+// that likely still holds its shorter prefixes. Measured on the demo (3 runs each,
+// docs/benchmarks.md): at 1× the chat hit ratio was 0.525–0.535 and Mooncake's 0.096; at 1.5×,
+// 0.547 and 0.101, with p99 TTFT still below round_robin's.
 func tenantBound(tokens int64) int64 {
 	const charsPerToken, slackNum, slackDen = 4, 3, 2
 	if tokens > math.MaxInt64/(charsPerToken*slackNum) {
@@ -217,15 +342,30 @@ func (s *state) upstream(addr string) *upstreamState {
 }
 
 // forgetUpstream drops everything learned about addr: its prefixes and its session bindings.
-func (s *state) forgetUpstream(addr string) {
+func (s *state) forgetUpstream(addr string) (chars int64, sessions int) {
+	chars = s.forest.TenantChars(addr)
 	s.forest.RemoveTenant(addr)
-	s.sessions.dropUpstream(addr)
+	return chars, s.sessions.dropUpstream(addr) + s.pending.dropUpstream(addr)
 }
 
 // reset drops all trees and session bindings (admin POST /kvroute/reset).
 func (s *state) reset() {
 	s.forest.Reset()
 	s.sessions.reset()
+	s.pending.reset()
+}
+
+// forgetSession drops every binding of session id sid, for every model (admin DELETE
+// /kvroute/sessions/{id}), and reports whether there was one.
+func (s *state) forgetSession(sid string) bool {
+	return s.sessions.forget(sid)+s.pending.forget(sid) > 0
+}
+
+// loaded reports whether a kv_cache_aware policy is in a running config.
+func (s *state) loaded() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.regs) > 0
 }
 
 func (s *state) evictionLoop() {
@@ -237,7 +377,7 @@ func (s *state) evictionLoop() {
 			ticker.Stop()
 		}
 		s.mu.Lock()
-		d := s.interval
+		d := s.options.evictionInterval
 		s.mu.Unlock()
 		ticker, tick = nil, nil
 		if d > 0 {
@@ -265,21 +405,14 @@ func (s *state) evictionLoop() {
 // dynamic upstreams that have been idle for long.
 func (s *state) evict() {
 	st := s.forest.Evict()
-	expired := s.sessions.expire(time.Now())
+	expired := s.sessions.expire(time.Now()) + s.pending.expire(time.Now())
 	rec := &evictionRecord{At: time.Now(), Chars: st.Chars, Nodes: st.Nodes, Duration: st.Duration, Left: s.forest.Chars()}
 	s.lastEviction.Store(rec)
 	s.evictions.Add(1)
 	s.evictedChars.Add(st.Chars)
-	metrics.evictedChars.Add(float64(st.Chars))
-	metrics.evictionRuns.Inc()
 	s.mu.Lock()
 	logger := s.logger
-	static := make(map[string]bool)
-	for q := range s.instances {
-		for _, a := range q.static {
-			static[a] = true
-		}
-	}
+	static := s.staticLocked()
 	s.mu.Unlock()
 	idle := time.Now().Add(-time.Hour).UnixNano()
 	s.upstreams.Range(func(k, v any) bool {
@@ -321,10 +454,10 @@ func (s *state) upstreamAddrs() []string {
 func (s *state) profile(addr string) (energy.Profile, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	var newest *KVCacheAware
+	var newest *registration
 	var prof energy.Profile
-	for q := range s.instances {
-		if p, ok := q.Upstreams[addr]; ok && (newest == nil || q.provisioned.After(newest.provisioned)) {
+	for q := range s.regs {
+		if p, ok := q.profiles[addr]; ok && (newest == nil || q.provisioned.After(newest.provisioned)) {
 			newest, prof = q, p
 		}
 	}

@@ -1,0 +1,432 @@
+package kvroute
+
+import (
+	"net/http"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+
+	"github.com/kvroute/caddy-kvroute/energy"
+	"github.com/kvroute/caddy-kvroute/tree"
+)
+
+// candidate is one upstream that may take the request.
+type candidate struct {
+	up    *reverseproxy.Upstream
+	st    *upstreamState
+	prof  *energy.Profile
+	load  int64 // requests in flight, as this router counts them
+	match int   // leading runes of the routing text it holds
+}
+
+// Select picks the upstream for r. The decision, in order (docs/design.md):
+//
+//  1. Candidates: available upstreams that serve the request's model; those at max_concurrency
+//     are left out unless all are, and on a retry so are those earlier attempts went to, unless
+//     all are. None: nil (Caddy answers 502, or retries when configured to).
+//  2. Session: a session bound to a candidate whose load is within the balance band goes there.
+//     A bound upstream out of band is skipped for this request and the binding kept; one that is
+//     unavailable or no longer serves the model is dropped; one merely not in this pool is kept.
+//  3. Imbalance: when max-min > balance_abs_threshold and max > min×balance_rel_threshold over
+//     the candidates' loads, on_imbalance decides: prefix_in_band (default) the longest cached
+//     prefix among the candidates in the band, least_busy the least busy candidate.
+//  4. Prefix: the candidate holding the longest prefix of the routing text, when the matched
+//     share is above cache_threshold (a prefix shorter than one KV block is no match).
+//  5. Fallback: the configured placement (joule by default).
+//  6. Record: the routing text goes into the model's tree under the chosen upstream, the
+//     session is bound, the decision counted, and the session cookie set when configured.
+//
+// Load is the router's own count of requests in flight (Caddy's NumRequests only moves after
+// Select returns, so concurrent decisions would all see the old value).
+func (p *KVCacheAware) Select(pool reverseproxy.UpstreamPool, r *http.Request, w http.ResponseWriter) *reverseproxy.Upstream {
+	req := requestFor(r, DefaultMaxBody)
+
+	// 1. Candidates.
+	var buf [16]candidate
+	cands := untried(p.candidates(buf[:0], pool, req.Model), req.tried)
+	if len(cands) == 0 {
+		req.untrack()
+		p.count(nil, req, pathNoCandidate)
+		return nil
+	}
+	treeName := p.treeName(req.Model)
+	p.matchPrefixes(cands, treeName, req.Text)
+	band := p.bandOf(cands)
+
+	// 2. Session.
+	sess := p.session(r, req, pool, cands, band)
+	chosen, path := sess.chosen, pathSession
+
+	// 3. Imbalance.
+	if chosen < 0 {
+		chosen, path = p.imbalance(cands, band)
+	}
+
+	// 4. Prefix.
+	if chosen < 0 {
+		chosen, path = p.prefix(cands, req)
+	}
+
+	// 5. Fallback.
+	if chosen < 0 {
+		chosen, path = p.place(cands, req), pathFallback
+	}
+
+	// 6. Record.
+	return p.commit(r, w, req, &cands[chosen], treeName, sess, path)
+}
+
+// candidates appends to dst the upstreams of pool that may take a request for model (step 1).
+func (p *KVCacheAware) candidates(dst []candidate, pool reverseproxy.UpstreamPool, model string) []candidate {
+	saturated := 0
+	for _, up := range pool {
+		if up == nil || !up.Available() {
+			continue
+		}
+		prof := p.profiles[up.Dial]
+		if model != "" && prof != nil && !prof.Serves(model) {
+			continue
+		}
+		st := p.state.upstream(up.Dial)
+		load := max(st.inFlight.Load(), int64(up.NumRequests()))
+		dst = append(dst, candidate{up: up, st: st, prof: prof, load: load})
+		if saturatedAt(prof, load) {
+			saturated++
+		}
+	}
+	if saturated == 0 || saturated == len(dst) {
+		return dst
+	}
+	return slices.DeleteFunc(dst, func(c candidate) bool { return saturatedAt(c.prof, c.load) })
+}
+
+func saturatedAt(prof *energy.Profile, load int64) bool {
+	return prof != nil && prof.MaxConcurrency > 0 && load >= int64(prof.MaxConcurrency)
+}
+
+// untried leaves out the upstreams that earlier attempts of this request went to, unless that
+// would leave none: Caddy retries when an attempt fails (a refused connection, lb_retry_match),
+// and the prefix, the session and the energy placement would otherwise all point back at the
+// upstream that just failed.
+func untried(cands []candidate, tried []string) []candidate {
+	fresh := 0
+	for i := range cands {
+		if !slices.Contains(tried, cands[i].up.Dial) {
+			fresh++
+		}
+	}
+	if fresh == 0 || fresh == len(cands) {
+		return cands
+	}
+	return slices.DeleteFunc(cands, func(c candidate) bool { return slices.Contains(tried, c.up.Dial) })
+}
+
+var matchPool = sync.Pool{New: func() any { return new(tree.Match) }}
+
+// minMatchRunes is the shortest shared prefix that counts as a match: one KV block of 16 tokens
+// (vLLM's and SGLang's default page size) at 4 chars per token. A shorter one caches nothing on
+// the upstream, and the routing text's role markers alone ("user", a separator) would otherwise
+// make every short prompt a partial match everywhere.
+const minMatchRunes = 64
+
+// matchPrefixes sets each candidate's match: the leading runes of text that the tree says it
+// holds. Steps 2 to 4 rank by it.
+func (p *KVCacheAware) matchPrefixes(cands []candidate, treeName, text string) {
+	if text == "" {
+		return
+	}
+	t := p.state.forest.Get(treeName)
+	if t == nil {
+		return
+	}
+	m := matchPool.Get().(*tree.Match)
+	defer matchPool.Put(m)
+	m.Runes, m.Tenants = 0, m.Tenants[:0]
+	t.Match(text, m)
+	for _, tm := range m.Tenants {
+		if tm.Runes < minMatchRunes {
+			break // longest first: the rest are shorter still
+		}
+		if i := indexOf(cands, tm.Tenant); i >= 0 && cands[i].match == 0 {
+			cands[i].match = tm.Runes
+		}
+	}
+}
+
+// band is the candidates' balance band: the loads within the balance thresholds of the least
+// loaded candidate. The session step and prefix_in_band keep to it.
+type band struct {
+	lo, hi   int64
+	abs      int64
+	rel      float64
+	overflow bool // the loads are imbalanced: max-min beyond both thresholds
+}
+
+func (p *KVCacheAware) bandOf(cands []candidate) band {
+	b := band{lo: cands[0].load, hi: cands[0].load, abs: p.opts.absThreshold, rel: p.opts.relThreshold}
+	for _, c := range cands[1:] {
+		b.lo, b.hi = min(b.lo, c.load), max(b.hi, c.load)
+	}
+	b.overflow = !b.holds(b.hi)
+	return b
+}
+
+// holds reports whether load is within the band.
+func (b band) holds(load int64) bool {
+	return load-b.lo <= b.abs || float64(load) <= float64(b.lo)*b.rel
+}
+
+// sessionStep is what the session step found.
+type sessionStep struct {
+	id     string // "" when the request has no session
+	source sessionSource
+	keep   bool // the binding stays as it is (its upstream was skipped for this request)
+	chosen int  // the candidate the session goes to, or -1
+}
+
+// sessionSource tells where a session id came from.
+type sessionSource uint8
+
+const (
+	fromHeader sessionSource = iota
+	fromCookie
+	fromBody
+	issued // a new cookie id made for this request: bound in the pending space
+)
+
+// session runs step 2.
+func (p *KVCacheAware) session(r *http.Request, req *llmRequest, pool reverseproxy.UpstreamPool, cands []candidate, b band) sessionStep {
+	s := sessionStep{chosen: -1}
+	s.id, s.source = p.sessionID(r, req)
+	if s.id == "" {
+		return s
+	}
+	store := p.state.sessions
+	if s.source == issued {
+		store = p.state.pending
+	}
+	addr, ok := store.get(req.Model, s.id, time.Now())
+	if !ok && s.source == fromCookie {
+		// The client presents an id issued earlier: its first binding waits in pending.
+		store = p.state.pending
+		addr, ok = store.get(req.Model, s.id, time.Now())
+	}
+	if !ok {
+		return s
+	}
+	switch i := indexOf(cands, addr); {
+	case i >= 0 && b.holds(cands[i].load):
+		s.chosen = i
+	case i >= 0:
+		s.keep = store == p.state.sessions // out of band: skipped for this request only
+	case slices.Contains(req.tried, addr):
+		// An earlier attempt of this request failed there: the session moves to where this
+		// attempt goes (its latest turn will be cached there).
+	case p.keepsBinding(pool, addr, req.Model):
+		s.keep = store == p.state.sessions
+	default:
+		store.forgetBinding(req.Model, s.id)
+	}
+	return s
+}
+
+// keepsBinding reports whether a binding to addr, which is not among the candidates, stays:
+// addr is not in this request's pool but is in another policy's (another site's upstream), or
+// it is in the pool, available and serving model, and was left out for being at
+// max_concurrency. An upstream in no live pool has left the config.
+func (p *KVCacheAware) keepsBinding(pool reverseproxy.UpstreamPool, addr, model string) bool {
+	for _, up := range pool {
+		if up == nil || up.Dial != addr {
+			continue
+		}
+		prof := p.profiles[addr]
+		return up.Available() && (model == "" || prof == nil || prof.Serves(model))
+	}
+	return p.state.isStatic(addr)
+}
+
+// sessionID returns the request's session id and where it came from: the header, else a valid
+// session cookie, else the body's prompt_cache_key. With session_cookie configured and no
+// session id at all, it issues a new cookie id; a retry keeps the id of the first attempt.
+func (p *KVCacheAware) sessionID(r *http.Request, req *llmRequest) (string, sessionSource) {
+	if v := r.Header.Get(p.opts.sessionHeader); v != "" {
+		return boundKey(v, maxSessionLen), fromHeader
+	}
+	if p.cookie != nil {
+		if id, ok := p.cookie.fromRequest(r); ok {
+			return id, fromCookie
+		}
+	}
+	if req.Session != "" {
+		return req.Session, fromBody
+	}
+	if p.cookie == nil {
+		return "", fromHeader
+	}
+	if req.cookieID == "" {
+		req.cookieID, _ = p.cookie.newID()
+	}
+	return req.cookieID, issued
+}
+
+// imbalance runs step 3: when the loads are imbalanced, on_imbalance picks among the
+// candidates.
+func (p *KVCacheAware) imbalance(cands []candidate, b band) (int, int) {
+	if !b.overflow {
+		return -1, pathImbalance
+	}
+	if p.inBand {
+		if i := longest(cands, func(c *candidate) bool { return b.holds(c.load) }); i >= 0 {
+			return i, pathImbalance
+		}
+	}
+	return p.leastBusy(cands), pathImbalance
+}
+
+// prefix runs step 4: the candidate holding the longest prefix, when its share of the routing
+// text is above cache_threshold.
+func (p *KVCacheAware) prefix(cands []candidate, req *llmRequest) (int, int) {
+	if req.Runes == 0 {
+		return -1, pathPrefixHit
+	}
+	i := longest(cands, func(*candidate) bool { return true })
+	if i < 0 || float64(cands[i].match)/float64(req.Runes) <= p.opts.cacheThreshold {
+		return -1, pathPrefixHit
+	}
+	return i, pathPrefixHit
+}
+
+// longest returns the eligible candidate holding the longest prefix, the least busy of those
+// tied, or -1 when none holds any.
+func longest(cands []candidate, eligible func(*candidate) bool) int {
+	var t energy.Ranking
+	for i := range cands {
+		if c := &cands[i]; c.match > 0 && eligible(c) {
+			t.Offer(i, -float64(c.match), busyness(c), 0)
+		}
+	}
+	return t.Best()
+}
+
+func busyness(c *candidate) float64 {
+	return energy.Busyness(int(c.load), c.st.queuedTokens.Load())
+}
+
+// placement returns the candidates as the energy placer sees them.
+func (p *KVCacheAware) placement(dst []energy.Candidate, cands []candidate) []energy.Candidate {
+	for i := range cands {
+		dst = append(dst, energy.Candidate{
+			Profile:      cands[i].prof,
+			InFlight:     int(cands[i].load),
+			QueuedTokens: cands[i].st.queuedTokens.Load(),
+			CachedTokens: p.state.forest.TenantChars(cands[i].up.Dial) / 4,
+		})
+	}
+	return dst
+}
+
+// leastBusy returns the least busy candidate, as energy.Idlest ranks them.
+func (p *KVCacheAware) leastBusy(cands []candidate) int {
+	var buf [16]energy.Candidate
+	return energy.Idlest(p.placement(buf[:0], cands))
+}
+
+// place runs the configured fallback placement (step 5).
+func (p *KVCacheAware) place(cands []candidate, req *llmRequest) int {
+	var buf [16]energy.Candidate
+	ec := p.placement(buf[:0], cands)
+	expected := req.MaxTokens
+	if expected <= 0 {
+		expected = p.opts.expectedTokens
+	}
+	if i := p.placer.Place(ec, expected); i >= 0 {
+		return i
+	}
+	return energy.Idlest(ec)
+}
+
+// commit runs step 6 and returns the chosen upstream.
+func (p *KVCacheAware) commit(r *http.Request, w http.ResponseWriter, req *llmRequest, c *candidate, treeName string, sess sessionStep, path int) *reverseproxy.Upstream {
+	now := time.Now()
+	if req.Text != "" {
+		p.state.forest.Tree(treeName).Insert(req.Text, c.up.Dial)
+	}
+	switch {
+	case sess.source == issued:
+		if w != nil && !req.cookieSet {
+			p.cookie.set(w, r, sess.id)
+			req.cookieSet = true
+		}
+		p.state.pending.bind(req.Model, sess.id, c.up.Dial, now)
+	case sess.id != "" && !sess.keep:
+		p.state.sessions.bind(req.Model, sess.id, c.up.Dial, now)
+		if sess.source == fromCookie {
+			p.state.pending.forgetBinding(req.Model, sess.id)
+		}
+	}
+	req.track(r, c.st)
+	req.tried = append(req.tried, c.up.Dial)
+	c.st.lastUsed.Store(now.UnixNano())
+	p.count(c, req, path)
+	return c.up
+}
+
+// treeName returns the tree a request for model uses: the model's own, or "" once the number
+// of trees reached its bound (model names come from clients).
+func (p *KVCacheAware) treeName(model string) string {
+	if model == "" || p.state.forest.Get(model) != nil || p.state.forest.Len() < maxTrees {
+		return model
+	}
+	return ""
+}
+
+func indexOf(cands []candidate, addr string) int {
+	for i := range cands {
+		if cands[i].up.Dial == addr {
+			return i
+		}
+	}
+	return -1
+}
+
+// count counts a decision in the upstream's counters and the metrics, and logs it.
+func (p *KVCacheAware) count(c *candidate, req *llmRequest, path int) {
+	matched := 0
+	if c != nil {
+		matched = c.match
+	}
+	ratio := 0.0
+	if req.Runes > 0 {
+		ratio = float64(matched) / float64(req.Runes)
+	}
+	metrics.decisions[path].Inc()
+	addr := ""
+	if c != nil {
+		addr = c.up.Dial
+		c.st.decisions[path].Add(1)
+		if req.Runes > 0 {
+			metrics.matchRatio.Observe(ratio)
+		}
+		if matched > 0 && (path == pathSession || path == pathPrefixHit || path == pathImbalance) {
+			avoided := int64(matched) / 4
+			metrics.tokensAvoided.Add(float64(avoided))
+			if c.prof != nil {
+				metrics.joulesSaved.Add(float64(energy.SavedJoules(c.prof, avoided)))
+			}
+		}
+	}
+	if ce := p.logger.Check(zapcore.DebugLevel, "decision"); ce != nil {
+		ce.Write(
+			zap.String("path", pathNames[path]),
+			zap.String("upstream", addr),
+			zap.Float64("match_ratio", ratio),
+			zap.String("model", req.Model),
+			zap.Int("prompt_chars", req.Runes),
+			zap.String("format", req.Format.String()),
+		)
+	}
+}
