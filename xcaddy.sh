@@ -26,10 +26,28 @@ need_xcaddy() {
 	fi
 }
 
-# xbuild OUTPUT MODULE=DIR... builds Caddy with the given local modules. The plain form
-# (--with MOD=DIR) works where the module proxy answers 404 for unknown modules; proxies that
-# answer 403 make xcaddy fail, so it falls back to the pseudo-version form.
+# xbuild OUTPUT MODULE=DIR... builds Caddy with the given local modules. Each is named with a
+# pseudo-version and replaced by its directory (--with MOD@v0.0.0-...=DIR): that works whether
+# or not the module proxy knows the module (an unpublished one gets 403 or 404 from it).
 xbuild() {
+	local out=$1
+	shift
+	local with=()
+	for w in "$@"; do
+		with+=(--with "${w%%=*}@$PSEUDO=${w#*=}")
+	done
+	need_xcaddy
+	local log
+	log=$(mktemp)
+	if ! xcaddy build "$CADDY_VERSION" --output "$out" "${with[@]}" >"$log" 2>&1; then
+		cat "$log" >&2
+		rm -f "$log"
+		return 1
+	fi
+	rm -f "$log"
+}
+
+build() {
 	local out=$1
 	shift
 	local plain=() pseudo=()
