@@ -355,6 +355,8 @@ func (s *Scraper) Stop() {
 	s.targets.Store(&map[string]*target{})
 	s.mu.Unlock()
 	s.wg.Wait()
+	// Idle keep-alive connections hold two goroutines each in net/http's transport.
+	s.opts.Client.CloseIdleConnections()
 }
 
 // run is a target's loop: the first scrape after a random part of the interval (so that many
@@ -425,13 +427,20 @@ func (s *Scraper) scrape(ctx context.Context, tg *target) *Snapshot {
 // fetch reads and parses the target's page, classifying what went wrong.
 func (s *Scraper) fetch(ctx context.Context, tg *target) (Reading, Outcome, error) {
 	body, outcome, err := s.get(ctx, tg.URL, &tg.buf, s.opts.MaxBytes)
+	// Parse works on body, in the buffer: a buffer grown by a huge page is dropped only once
+	// parsed, and an oversized page's buffer at once.
+	defer func() {
+		if tg.buf.Cap() > maxKeptBuffer {
+			tg.buf = bytes.Buffer{}
+		}
+		if cap(tg.parser.kept) > maxKeptBuffer {
+			tg.parser.kept = nil
+		}
+	}()
 	if err != nil {
 		return Reading{}, outcome, err
 	}
 	r, err := tg.parser.parse(body)
-	if tg.buf.Cap() > maxKeptBuffer {
-		tg.buf = bytes.Buffer{}
-	}
 	switch {
 	case errors.Is(err, ErrGarbled):
 		return r, OutcomeGarbled, err
