@@ -178,7 +178,8 @@ type Options struct {
 	// Observe, when set, is called after every attempt with the target's previous and new
 	// snapshots (prev is nil after the first attempt), from the target's own goroutine: it
 	// must return quickly. It is where a caller logs telemetry appearing or going away and
-	// counts refused connections as health failures.
+	// counts refused connections as health failures. A scrape that ends as its target is
+	// removed may still be observed once.
 	Observe func(prev, cur *Snapshot)
 }
 
