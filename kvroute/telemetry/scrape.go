@@ -121,6 +121,18 @@ type Target struct {
 	URL string
 }
 
+// MetricsURL is an upstream's default metrics endpoint: scheme ("http" or "https", from the
+// proxy's transport), the upstream's dial address (host:port, an IPv6 host in brackets) and
+// path ("/metrics" when empty).
+func MetricsURL(scheme, dial, path string) string {
+	if path == "" {
+		path = "/metrics"
+	} else if !strings.HasPrefix(path, "/") {
+		path = "/" + path
+	}
+	return (&url.URL{Scheme: scheme, Host: dial, Path: path}).String()
+}
+
 // Snapshot is the state of one target after its latest scrape. Snapshots are immutable: a
 // scrape publishes a new one, so a reader holds a consistent view for as long as it likes.
 type Snapshot struct {

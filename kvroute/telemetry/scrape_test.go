@@ -387,3 +387,16 @@ func TestProbe(t *testing.T) {
 		t.Errorf("down: %v", err)
 	}
 }
+
+func TestMetricsURL(t *testing.T) {
+	tests := []struct{ scheme, dial, path, want string }{
+		{"http", "10.0.0.1:8000", "", "http://10.0.0.1:8000/metrics"},
+		{"https", "[::1]:8443", "/stats/prometheus", "https://[::1]:8443/stats/prometheus"},
+		{"http", "gpu-1.internal:30000", "metrics", "http://gpu-1.internal:30000/metrics"},
+	}
+	for _, tt := range tests {
+		if got := MetricsURL(tt.scheme, tt.dial, tt.path); got != tt.want {
+			t.Errorf("MetricsURL(%q, %q, %q) = %q, want %q", tt.scheme, tt.dial, tt.path, got, tt.want)
+		}
+	}
+}
