@@ -76,12 +76,17 @@ func TestParseLlmdSimulator(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// Captured with 3 requests running and 5 waiting; see testdata/README.md.
+	// Captured with 2 requests running and 3 waiting (TestLlmdSimulatorLive).
 	if r.Engine != EngineVLLM || !r.Known.Has(HasRunning|HasWaiting|HasKVUsage|HasKVCapacity) {
 		t.Fatalf("%+v", r)
 	}
-	if r.KVCapacityTokens != llmdBlocks*16 {
-		t.Errorf("capacity %d, want %d", r.KVCapacityTokens, llmdBlocks*16)
+	if r.KVCapacityTokens != llmdBlocks*16 || r.Running != 2 || r.Waiting != 3 || r.KVUsage <= 0 || r.Ignored != 0 {
+		t.Errorf("%+v ignored %d; want capacity %d, 2 running, 3 waiting, some usage", r.Figures, r.Ignored, llmdBlocks*16)
+	}
+	// Its cache_config_info has no model label, its gauges do: with one model, the capacity
+	// is that model's.
+	if len(r.Models) != 1 || r.Models[0].Model != "llama-3.1-8b" || r.Models[0].Figures != r.Figures {
+		t.Errorf("models %+v", r.Models)
 	}
 }
 
