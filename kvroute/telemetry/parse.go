@@ -131,6 +131,9 @@ func (p *parser) parse(page []byte) (Reading, error) {
 	if len(p.kept) == 0 {
 		return Reading{Ignored: ignored}, ErrNoEngine
 	}
+	// prometheus/common v0.71 (Caddy's) wants its parser from NewTextParser: the zero value's
+	// unset validation scheme panics on the first name. UTF-8 validation accepts every name the
+	// engines write (vLLM's colons included) and those of newer exporters.
 	tp := expfmt.NewTextParser(model.UTF8Validation)
 	fams, err := tp.TextToMetricFamilies(bytes.NewReader(p.kept))
 	if err != nil {
