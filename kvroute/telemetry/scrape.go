@@ -245,7 +245,6 @@ type target struct {
 	Target
 	snap   atomic.Pointer[Snapshot]
 	cancel context.CancelFunc
-	done   chan struct{}
 
 	// Owned by the loop's goroutine.
 	buf      bytes.Buffer
@@ -293,7 +292,7 @@ func (s *Scraper) Add(t Target) error {
 		cur.cancel()
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	tg := &target{Target: t, cancel: cancel, done: make(chan struct{})}
+	tg := &target{Target: t, cancel: cancel}
 	next[t.Key] = tg
 	s.targets.Store(&next)
 	s.wg.Add(1)
@@ -372,13 +371,16 @@ func (s *Scraper) Stop() {
 	s.opts.Client.CloseIdleConnections()
 }
 
-// run is a target's loop: the first scrape after a random part of the interval (so that many
-// targets added at once do not scrape in step), then one per interval, backing off after
-// failures.
+// firstScrapeSpread spreads the first scrapes of targets added at once (a config load) so that
+// they do not all connect in the same instant; it is short because the first reading brings
+// the upstream's KV capacity. The ±10% jitter of later waits keeps them apart after that.
+const firstScrapeSpread = 100 * time.Millisecond
+
+// run is a target's loop: the first scrape soon after Add, then one per interval, backing off
+// after failures.
 func (s *Scraper) run(ctx context.Context, tg *target) {
 	defer s.wg.Done()
-	defer close(tg.done)
-	timer := time.NewTimer(jitter(s.opts.Interval, 0, 1))
+	timer := time.NewTimer(jitter(min(s.opts.Interval, firstScrapeSpread), 0, 1))
 	defer timer.Stop()
 	for {
 		select {
