@@ -79,7 +79,9 @@ type ModelFigures struct {
 // label.
 type Reading struct {
 	Engine Engine `json:"engine"`
-	// At is when the page was read (set by the Scraper; zero from Parse).
+	// At is when the engine answered, the moment its figures describe (set by the Scraper;
+	// zero from Parse). A caller subtracting its own in-flight count from the engine's keeps
+	// the count it had then.
 	At time.Time `json:"at"`
 	Figures
 	// Models holds the figures per model label, sorted by model, at most MaxModels of them

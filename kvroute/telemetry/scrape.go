@@ -429,7 +429,6 @@ func (s *Scraper) scrape(ctx context.Context, tg *target) *Snapshot {
 	next.Counts[outcome]++
 	next.Ignored += uint64(reading.Ignored)
 	if outcome == OutcomeOK {
-		reading.At = now
 		next.Reading, next.Failures = reading, 0
 	} else {
 		next.Failures++
@@ -441,7 +440,7 @@ func (s *Scraper) scrape(ctx context.Context, tg *target) *Snapshot {
 
 // fetch reads and parses the target's page, classifying what went wrong.
 func (s *Scraper) fetch(ctx context.Context, tg *target) (Reading, Outcome, error) {
-	body, outcome, err := s.get(ctx, tg.URL, &tg.buf, s.opts.MaxBytes)
+	body, answered, outcome, err := s.get(ctx, tg.URL, &tg.buf, s.opts.MaxBytes)
 	// Parse works on body, in the buffer: a buffer grown by a huge page is dropped only once
 	// parsed, and an oversized page's buffer at once.
 	defer func() {
@@ -471,6 +470,7 @@ func (s *Scraper) fetch(ctx context.Context, tg *target) (Reading, Outcome, erro
 			r.KVCapacityTokens, r.Known = n, r.Known|HasKVCapacity
 		}
 	}
+	r.At = answered
 	return r, OutcomeOK, nil
 }
 
@@ -487,7 +487,7 @@ func (s *Scraper) llamaCppContext(ctx context.Context, tg *target) int64 {
 	}
 	u.Path, u.RawQuery = strings.TrimSuffix(u.Path, "/metrics")+"/props", ""
 	var buf bytes.Buffer
-	body, _, err := s.get(ctx, u.String(), &buf, maxPropsBytes)
+	body, _, _, err := s.get(ctx, u.String(), &buf, maxPropsBytes)
 	tg.nCtxRead = time.Now()
 	tg.nCtx = 0
 	if err == nil {
@@ -498,8 +498,9 @@ func (s *Scraper) llamaCppContext(ctx context.Context, tg *target) int64 {
 	return tg.nCtx
 }
 
-// get reads url into buf, at most limit bytes, within the scrape timeout.
-func (s *Scraper) get(ctx context.Context, url string, buf *bytes.Buffer, limit int64) ([]byte, Outcome, error) {
+// get reads url into buf, at most limit bytes, within the scrape timeout. answered is when the
+// response headers arrived: the moment the engine wrote its gauges.
+func (s *Scraper) get(ctx context.Context, url string, buf *bytes.Buffer, limit int64) (body []byte, answered time.Time, _ Outcome, _ error) {
 	ctx, cancel := context.WithTimeout(ctx, s.opts.Timeout)
 	defer cancel()
 	// Whether a connection was made tells a down upstream (refused, unreachable: a health
@@ -517,32 +518,33 @@ func (s *Scraper) get(ctx context.Context, url string, buf *bytes.Buffer, limit 
 	})
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
-		return nil, OutcomeStatus, fmt.Errorf("GET %s: %w", url, err)
+		return nil, time.Time{}, OutcomeStatus, fmt.Errorf("GET %s: %w", url, err)
 	}
 	// The text format only: an engine that also speaks protobuf or OpenMetrics keeps to it.
 	req.Header.Set("Accept", "text/plain;version=0.0.4;q=1,*/*;q=0.1")
 	resp, err := s.opts.Client.Do(req)
 	if err != nil {
-		return nil, transportOutcome(err, connected.Load()), fmt.Errorf("GET %s: %w", url, err)
+		return nil, time.Time{}, transportOutcome(err, connected.Load()), fmt.Errorf("GET %s: %w", url, err)
 	}
 	defer resp.Body.Close()
+	answered = time.Now()
 	switch {
 	case resp.StatusCode == http.StatusNotFound || resp.StatusCode == http.StatusGone:
-		return nil, OutcomeNotFound, fmt.Errorf("GET %s: %s: no telemetry", url, resp.Status)
+		return nil, answered, OutcomeNotFound, fmt.Errorf("GET %s: %s: no telemetry", url, resp.Status)
 	case resp.StatusCode != http.StatusOK:
-		return nil, OutcomeStatus, fmt.Errorf("GET %s: %s", url, resp.Status)
+		return nil, answered, OutcomeStatus, fmt.Errorf("GET %s: %s", url, resp.Status)
 	case resp.ContentLength > limit:
-		return nil, OutcomeTooLarge, fmt.Errorf("GET %s: %w (Content-Length %d > %d)", url, ErrTooLarge, resp.ContentLength, limit)
+		return nil, answered, OutcomeTooLarge, fmt.Errorf("GET %s: %w (Content-Length %d > %d)", url, ErrTooLarge, resp.ContentLength, limit)
 	}
 	buf.Reset()
 	// ReadFrom grows the buffer as bytes arrive, whatever the headers announced.
 	if _, err := buf.ReadFrom(io.LimitReader(resp.Body, limit+1)); err != nil {
-		return nil, transportOutcome(err, true), fmt.Errorf("GET %s: reading the page: %w", url, err)
+		return nil, answered, transportOutcome(err, true), fmt.Errorf("GET %s: reading the page: %w", url, err)
 	}
 	if int64(buf.Len()) > limit {
-		return nil, OutcomeTooLarge, fmt.Errorf("GET %s: %w (more than %d bytes)", url, ErrTooLarge, limit)
+		return nil, answered, OutcomeTooLarge, fmt.Errorf("GET %s: %w (more than %d bytes)", url, ErrTooLarge, limit)
 	}
-	return buf.Bytes(), OutcomeOK, nil
+	return buf.Bytes(), answered, OutcomeOK, nil
 }
 
 // transportOutcome classifies a failed request: no connection made is Refused whatever the

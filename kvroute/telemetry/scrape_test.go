@@ -400,3 +400,20 @@ func TestMetricsURL(t *testing.T) {
 		}
 	}
 }
+
+// TestReadingTimeIsTheAnswer: a reading is dated when the engine answered, not when the scrape
+// began, since a caller compares it with its own in-flight count at that moment.
+func TestReadingTimeIsTheAnswer(t *testing.T) {
+	body := fixture(t, "tgi_docs.txt")
+	ts := serve(t, func(w http.ResponseWriter, r *http.Request) {
+		time.Sleep(60 * time.Millisecond)
+		w.Write(body)
+	})
+	s := newScraper(t, Options{Interval: time.Hour, Timeout: 5 * time.Second})
+	s.Add(Target{Key: "u", URL: ts.URL + "/metrics"})
+	waitFor(t, "the first reading, soon after Add despite the hour-long interval", func() bool { return s.Snapshot("u") != nil })
+	snap := s.Snapshot("u")
+	if d := snap.Reading.At.Sub(snap.Attempted); d < 60*time.Millisecond || d > 2*time.Second {
+		t.Errorf("reading dated %v after the attempt began, want the answer's time (60ms or more)", d)
+	}
+}
