@@ -5,16 +5,19 @@
 //
 // Parse turns one Prometheus text page into a Reading. It keeps only the lines of the families
 // it understands and hands those to prometheus/common's text parser, so that a vLLM page of
-// tens of KB of histograms costs one pass over its bytes. The families are:
+// tens of KB of histograms costs one pass over its bytes. The families are, as running, waiting,
+// KV usage (0 to 1) and KV capacity (tokens):
 //
-//	engine     running                    waiting                    KV usage (0..1)                  KV capacity (tokens)
-//	vLLM       vllm:num_requests_running  vllm:num_requests_waiting  vllm:kv_cache_usage_perc         vllm:cache_config_info labels:
-//	                                                                 (vllm:gpu_cache_usage_perc)      kv_cache_size_tokens, else
-//	                                                                                                  block_size × num_gpu_blocks
-//	SGLang     sglang:num_running_reqs    sglang:num_queue_reqs      sglang:token_usage               sglang:max_total_num_tokens
-//	           (sglang_ prefix since v0.5.4, both read)
-//	llama.cpp  llamacpp:requests_processing  llamacpp:requests_deferred  llamacpp:kv_cache_usage_ratio  n_ctx of GET /props (ParseProps)
-//	TGI        tgi_batch_current_size     tgi_queue_size             -                                -
+//   - vLLM: vllm:num_requests_running, vllm:num_requests_waiting, vllm:kv_cache_usage_perc (else
+//     the older vllm:gpu_cache_usage_perc), and the labels of vllm:cache_config_info:
+//     kv_cache_size_tokens, else block_size × num_gpu_blocks;
+//   - SGLang, with the "sglang:" prefix or, since v0.5.4, "sglang_": num_running_reqs,
+//     num_queue_reqs, token_usage, and max_total_num_tokens, else the labels of
+//     cache_config_info page_size × num_pages, else the page_size and num_pages gauges;
+//   - llama.cpp: llamacpp:requests_processing, llamacpp:requests_deferred,
+//     llamacpp:kv_cache_usage_ratio (older servers), and n_ctx of GET /props (ParseProps; the
+//     Scraper reads it);
+//   - TGI: tgi_batch_current_size, tgi_queue_size; no usage or capacity.
 //
 // Series of one family that differ only in a rank label (tp_rank, pp_rank, ...) are one engine
 // seen from each rank and count once; series that differ otherwise (vLLM's engine label under

@@ -48,7 +48,9 @@ const (
 	figUsage
 	figUsageOld     // vLLM's gpu_cache_usage_perc: used when kv_cache_usage_perc is absent
 	figCapacity     // the sample's value is the capacity in tokens
-	figCapacityInfo // vLLM's cache_config_info: the capacity is in its labels
+	figCapacityInfo // a cache_config_info: the capacity is in its labels
+	figPageSize     // SGLang's page_size and num_pages gauges (v0.5.11): capacity is their product
+	figNumPages
 	numFigures
 )
 
@@ -82,6 +84,9 @@ var families = func() map[string]family {
 		m[prefix+"num_queue_reqs"] = family{EngineSGLang, figWaiting}
 		m[prefix+"token_usage"] = family{EngineSGLang, figUsage}
 		m[prefix+"max_total_num_tokens"] = family{EngineSGLang, figCapacity}
+		m[prefix+"cache_config_info"] = family{EngineSGLang, figCapacityInfo}
+		m[prefix+"page_size"] = family{EngineSGLang, figPageSize}
+		m[prefix+"num_pages"] = family{EngineSGLang, figNumPages}
 	}
 	return m
 }()
@@ -261,6 +266,26 @@ func interpret(fams map[string]*dto.MetricFamily) Reading {
 			}
 		}
 	}
+	// SGLang's page gauges give the capacity of the engine whose series carry them.
+	for s, pages := range values {
+		if s.figure != figNumPages {
+			continue
+		}
+		size, ok := values[slot{figure: figPageSize, model: s.model, engine: s.engine}]
+		info := slot{figure: figCapacityInfo, model: s.model, engine: s.engine}
+		if _, known := values[info]; ok && !known {
+			if c := size * pages; c >= 1 && c <= maxCapacity {
+				values[info] = c
+			} else {
+				r.Ignored++
+			}
+		}
+	}
+	for s := range values {
+		if s.figure == figPageSize || s.figure == figNumPages {
+			delete(values, s)
+		}
+	}
 	if len(values) == 0 {
 		return r
 	}
@@ -327,9 +352,13 @@ func figuresOf(total [numFigures]float64, n [numFigures]int) Figures {
 	case n[figUsageOld] > 0:
 		f.KVUsage, f.Known = total[figUsageOld]/float64(n[figUsageOld]), f.Known|HasKVUsage
 	}
-	if c := n[figCapacity] + n[figCapacityInfo]; c > 0 {
-		f.KVCapacityTokens = int64(total[figCapacity] + total[figCapacityInfo])
-		f.Known |= HasKVCapacity
+	// An engine giving its capacity as a number (SGLang's max_total_num_tokens) and in its
+	// cache_config_info says the same thing twice: the number wins.
+	switch {
+	case n[figCapacity] > 0:
+		f.KVCapacityTokens, f.Known = int64(total[figCapacity]), f.Known|HasKVCapacity
+	case n[figCapacityInfo] > 0:
+		f.KVCapacityTokens, f.Known = int64(total[figCapacityInfo]), f.Known|HasKVCapacity
 	}
 	return f
 }
@@ -379,25 +408,28 @@ func sampleValue(fig figure, m *dto.Metric) (float64, bool) {
 	case figUsage, figUsageOld:
 		// Rounding can put a full cache a hair above 1; more than that is not a fraction.
 		return min(v, 1), v <= 1+1e-6
-	case figCapacity:
+	case figCapacity, figPageSize, figNumPages:
 		return math.Floor(v), v >= 1 && v <= maxCapacity
 	}
 	return 0, false
 }
 
-// capacityFromLabels reads vLLM's cache_config_info: kv_cache_size_tokens when the engine
+// capacityFromLabels reads a cache_config_info: vLLM's kv_cache_size_tokens when the engine
 // gives it (newer vLLM; it is exact for hybrid models, whose blocks are not all alike), else
-// block_size × num_gpu_blocks. During start-up num_gpu_blocks is "None": no capacity yet.
+// vLLM's block_size × num_gpu_blocks, else SGLang's page_size × num_pages. During vLLM's
+// start-up num_gpu_blocks is "None": no capacity yet.
 func capacityFromLabels(m *dto.Metric) (float64, bool) {
 	if v, ok := positiveInt(label(m, "kv_cache_size_tokens")); ok {
 		return v, true
 	}
-	bs, ok1 := positiveInt(label(m, "block_size"))
-	nb, ok2 := positiveInt(label(m, "num_gpu_blocks"))
-	if !ok1 || !ok2 || bs*nb > maxCapacity {
-		return 0, false
+	for _, pair := range [][2]string{{"block_size", "num_gpu_blocks"}, {"page_size", "num_pages"}} {
+		size, ok1 := positiveInt(label(m, pair[0]))
+		count, ok2 := positiveInt(label(m, pair[1]))
+		if ok1 && ok2 && size*count <= maxCapacity {
+			return size * count, true
+		}
 	}
-	return bs * nb, true
+	return 0, false
 }
 
 // positiveInt parses a label value as an integer in [1, maxCapacity]. vLLM writes some integer

@@ -314,3 +314,35 @@ func TestParseProps(t *testing.T) {
 
 // llmdBlocks is the --kv-cache-size the llm-d simulator's capture was made with.
 const llmdBlocks = 1024
+
+// TestParseSGLangCapacity: SGLang gives its KV pool as max_total_num_tokens, as
+// cache_config_info{page_size,num_pages} (before v0.5.11) and as page_size and num_pages
+// gauges (since); the number wins when several are there, and nothing is counted twice. The
+// pages are constructed from those names (no published capture of them was found).
+func TestParseSGLangCapacity(t *testing.T) {
+	tests := []struct {
+		name, page string
+		want       int64
+	}{
+		{"info labels", `sglang:cache_config_info{page_size="16",num_pages="9000"} 1` + "\n", 144000},
+		{"page gauges", "sglang:page_size{model_name=\"q\",tp_rank=\"0\"} 16\nsglang:num_pages{model_name=\"q\",tp_rank=\"0\"} 9000\n" +
+			"sglang:page_size{model_name=\"q\",tp_rank=\"1\"} 16\nsglang:num_pages{model_name=\"q\",tp_rank=\"1\"} 9000\n", 144000},
+		{"number and info", "sglang:max_total_num_tokens 144870\n" + `sglang:cache_config_info{page_size="16",num_pages="9054"} 1` + "\n", 144870},
+		{"number and gauges", "sglang_max_total_num_tokens 144870\nsglang_page_size 16\nsglang_num_pages 9054\n", 144870},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r, err := parseString(tt.page)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if r.Engine != EngineSGLang || r.KVCapacityTokens != tt.want || !r.Known.Has(HasKVCapacity) || r.Ignored != 0 {
+				t.Errorf("%s %+v ignored %d, want capacity %d", r.Engine, r.Figures, r.Ignored, tt.want)
+			}
+		})
+	}
+	// A page size without a page count is no capacity.
+	if r, err := parseString("sglang:num_running_reqs 1\nsglang:page_size 16\n"); err != nil || r.Known.Has(HasKVCapacity) {
+		t.Errorf("page size alone: %+v %v", r.Figures, err)
+	}
+}
