@@ -247,7 +247,7 @@ type target struct {
 	cancel context.CancelFunc
 
 	// Owned by the loop's goroutine.
-	buf      bytes.Buffer
+	buf      []byte
 	parser   parser
 	nCtx     int64 // llama.cpp's n_ctx from /props, 0 when unknown
 	nCtxRead time.Time
@@ -444,8 +444,8 @@ func (s *Scraper) fetch(ctx context.Context, tg *target) (Reading, Outcome, erro
 	// Parse works on body, in the buffer: a buffer grown by a huge page is dropped only once
 	// parsed, and an oversized page's buffer at once.
 	defer func() {
-		if tg.buf.Cap() > maxKeptBuffer {
-			tg.buf = bytes.Buffer{}
+		if cap(tg.buf) > maxKeptBuffer {
+			tg.buf = nil
 		}
 		if cap(tg.parser.kept) > maxKeptBuffer {
 			tg.parser.kept = nil
@@ -486,7 +486,7 @@ func (s *Scraper) llamaCppContext(ctx context.Context, tg *target) int64 {
 		return 0
 	}
 	u.Path, u.RawQuery = strings.TrimSuffix(u.Path, "/metrics")+"/props", ""
-	var buf bytes.Buffer
+	var buf []byte
 	body, _, _, err := s.get(ctx, u.String(), &buf, maxPropsBytes)
 	tg.nCtxRead = time.Now()
 	tg.nCtx = 0
@@ -500,7 +500,7 @@ func (s *Scraper) llamaCppContext(ctx context.Context, tg *target) int64 {
 
 // get reads url into buf, at most limit bytes, within the scrape timeout. answered is when the
 // response headers arrived: the moment the engine wrote its gauges.
-func (s *Scraper) get(ctx context.Context, url string, buf *bytes.Buffer, limit int64) (body []byte, answered time.Time, _ Outcome, _ error) {
+func (s *Scraper) get(ctx context.Context, url string, buf *[]byte, limit int64) (body []byte, answered time.Time, _ Outcome, _ error) {
 	ctx, cancel := context.WithTimeout(ctx, s.opts.Timeout)
 	defer cancel()
 	// Whether a connection was made tells a down upstream (refused, unreachable: a health
@@ -536,15 +536,43 @@ func (s *Scraper) get(ctx context.Context, url string, buf *bytes.Buffer, limit 
 	case resp.ContentLength > limit:
 		return nil, answered, OutcomeTooLarge, fmt.Errorf("GET %s: %w (Content-Length %d > %d)", url, ErrTooLarge, resp.ContentLength, limit)
 	}
-	buf.Reset()
-	// ReadFrom grows the buffer as bytes arrive, whatever the headers announced.
-	if _, err := buf.ReadFrom(io.LimitReader(resp.Body, limit+1)); err != nil {
+	*buf, err = readBounded(resp.Body, *buf, limit)
+	if err != nil {
 		return nil, answered, transportOutcome(err, true), fmt.Errorf("GET %s: reading the page: %w", url, err)
 	}
-	if int64(buf.Len()) > limit {
+	if int64(len(*buf)) > limit {
 		return nil, answered, OutcomeTooLarge, fmt.Errorf("GET %s: %w (more than %d bytes)", url, ErrTooLarge, limit)
 	}
-	return buf.Bytes(), answered, OutcomeOK, nil
+	return *buf, answered, OutcomeOK, nil
+}
+
+// readBounded reads r into buf[:0] until EOF or until it holds more than limit bytes. The
+// buffer grows as bytes arrive, whatever the headers announced, doubling but never beyond
+// limit+1: a page cut at the bound costs about twice the bound in all, not the page.
+func readBounded(r io.Reader, buf []byte, limit int64) ([]byte, error) {
+	buf = buf[:0]
+	for {
+		if len(buf) == cap(buf) {
+			if int64(len(buf)) > limit {
+				return buf, nil
+			}
+			size := max(2*int64(cap(buf)), 16<<10)
+			if size >= limit {
+				size = limit + 1 // the last step: one byte more than the bound tells a page over it
+			}
+			next := make([]byte, len(buf), size)
+			copy(next, buf)
+			buf = next
+		}
+		n, err := r.Read(buf[len(buf):cap(buf)])
+		buf = buf[:len(buf)+n]
+		if errors.Is(err, io.EOF) {
+			return buf, nil
+		}
+		if err != nil {
+			return buf, err
+		}
+	}
 }
 
 // transportOutcome classifies a failed request: no connection made is Refused whatever the

@@ -204,7 +204,7 @@ func TestScraperBadEndpoints(t *testing.T) {
 			// (The buffer belongs to the loop: it is looked at once Stop has ended the loop.)
 			tg := (*s.targets.Load())["u"]
 			s.Stop()
-			if c := tg.buf.Cap(); c > maxKeptBuffer {
+			if c := cap(tg.buf); c > maxKeptBuffer {
 				t.Errorf("kept a buffer of %d bytes", c)
 			}
 		})
@@ -415,5 +415,66 @@ func TestReadingTimeIsTheAnswer(t *testing.T) {
 	snap := s.Snapshot("u")
 	if d := snap.Reading.At.Sub(snap.Attempted); d < 60*time.Millisecond || d > 2*time.Second {
 		t.Errorf("reading dated %v after the attempt began, want the answer's time (60ms or more)", d)
+	}
+}
+
+// TestHugePageMemoryBounded: a 50 MB page costs about MaxBytes of memory, not 50 MB.
+func TestHugePageMemoryBounded(t *testing.T) {
+	line := []byte(strings.Repeat("vllm:num_requests_running 1\n", 1<<12))
+	var sent atomic.Int64
+	ts := serve(t, func(w http.ResponseWriter, r *http.Request) {
+		for sent.Load() < 50<<20 {
+			n, err := w.Write(line)
+			sent.Add(int64(n))
+			if err != nil {
+				return
+			}
+		}
+	})
+	s := NewScraper(Options{Timeout: 10 * time.Second})
+	defer s.Stop()
+	tg := &target{Target: Target{Key: "u", URL: ts.URL + "/metrics"}}
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	_, outcome, err := s.fetch(context.Background(), tg)
+	runtime.ReadMemStats(&after)
+	if outcome != OutcomeTooLarge || !errors.Is(err, ErrTooLarge) {
+		t.Fatalf("outcome %v, %v", outcome, err)
+	}
+	// The buffer doubles up to the bound: about twice the bound in all.
+	if alloc := after.TotalAlloc - before.TotalAlloc; alloc > 5*DefaultMaxBytes/2 {
+		t.Errorf("allocated %d bytes for a page cut at %d", alloc, DefaultMaxBytes)
+	}
+	if cap(tg.buf) > maxKeptBuffer {
+		t.Errorf("kept %d bytes", cap(tg.buf))
+	}
+}
+
+// TestTargetsAreIndependent: a hung endpoint does not delay the readings of the others.
+func TestTargetsAreIndependent(t *testing.T) {
+	hung := serve(t, func(w http.ResponseWriter, r *http.Request) { <-r.Context().Done() })
+	good := serve(t, page(t, "tgi_docs.txt"))
+	s := newScraper(t, Options{Interval: 10 * time.Millisecond, Timeout: time.Minute})
+	s.Add(Target{Key: "hung", URL: hung.URL + "/metrics"})
+	s.Add(Target{Key: "good", URL: good.URL + "/metrics"})
+	waitFor(t, "ten readings of the good target", func() bool {
+		snap := s.Snapshot("good")
+		return snap != nil && snap.Counts[OutcomeOK] >= 10
+	})
+	if snap := s.Snapshot("hung"); snap != nil {
+		t.Errorf("the hung target has a snapshot: %+v", snap)
+	}
+}
+
+func TestReadBounded(t *testing.T) {
+	for _, tt := range []struct {
+		size, limit int
+		over        bool
+	}{{0, 10, false}, {10, 10, false}, {11, 10, true}, {100000, 100000, false}, {100001, 100000, true}, {5 << 20, 1 << 20, true}} {
+		b, err := readBounded(strings.NewReader(strings.Repeat("x", tt.size)), nil, int64(tt.limit))
+		if err != nil || (len(b) > tt.limit) != tt.over || (!tt.over && len(b) != tt.size) || cap(b) > max(tt.limit+1, 16<<10) {
+			t.Errorf("size %d limit %d: len %d cap %d err %v", tt.size, tt.limit, len(b), cap(b), err)
+		}
 	}
 }
