@@ -91,6 +91,15 @@ var families = func() map[string]family {
 	return m
 }()
 
+// familyLen[n] says whether some family's name is n bytes long: most lines of a vLLM page
+// (its histograms' buckets) are told apart by their name's length alone, before the map.
+var familyLen = func() (l [64]bool) {
+	for name := range families {
+		l[len(name)] = true
+	}
+	return l
+}()
+
 // engines in the order that breaks a tie when a page carries several engines' families.
 var engines = [...]Engine{EngineVLLM, EngineSGLang, EngineLlamaCpp, EngineTGI}
 
@@ -171,7 +180,10 @@ func (p *parser) keep(page []byte) (dropped int) {
 			page = nil
 		}
 		name, sample := lineName(line)
-		if _, ok := families[string(name)]; !ok || len(name) == 0 {
+		if len(name) == 0 || len(name) >= len(familyLen) || !familyLen[len(name)] {
+			continue
+		}
+		if _, ok := families[string(name)]; !ok {
 			continue
 		}
 		if sample {
@@ -196,11 +208,7 @@ func lineName(line []byte) (name []byte, sample bool) {
 		return nil, false
 	}
 	if line[0] != '#' {
-		end := bytes.IndexAny(line, "{ \t")
-		if end < 0 {
-			return line, true // a name without a value: the parser rejects it
-		}
-		return line[:end], true
+		return line[:nameEnd(line)], true // a name without a value is the parser's to reject
 	}
 	line = bytes.TrimLeft(line[1:], " \t")
 	rest, ok := bytes.CutPrefix(line, []byte("HELP"))
@@ -213,10 +221,18 @@ func lineName(line []byte) (name []byte, sample bool) {
 		return nil, false
 	}
 	rest = bytes.TrimLeft(rest, " \t")
-	if end := bytes.IndexAny(rest, " \t"); end >= 0 {
-		rest = rest[:end]
+	return rest[:nameEnd(rest)], false
+}
+
+// nameEnd is the length of the metric name b starts with: up to a brace, a blank or a tab.
+// (A loop over the few bytes of a name is cheaper than bytes.IndexAny's set.)
+func nameEnd(b []byte) int {
+	for i, c := range b {
+		if c == '{' || c == ' ' || c == '\t' {
+			return i
+		}
 	}
-	return rest, false
+	return len(b)
 }
 
 // slot is one figure of one engine (a data-parallel rank) of one model.
