@@ -478,3 +478,49 @@ func TestReadBounded(t *testing.T) {
 		}
 	}
 }
+
+// TestScraperConcurrentUse: configs adding and removing targets while requests read snapshots.
+func TestScraperConcurrentUse(t *testing.T) {
+	ts := serve(t, page(t, "sglang_docs.txt"))
+	base := runtime.NumGoroutine()
+	s := NewScraper(Options{Interval: time.Millisecond, MaxTargets: 8})
+	keys := []string{"a", "b", "c", "d", "e", "f", "g", "h", "i", "j"}
+	var wg sync.WaitGroup
+	stop := make(chan struct{})
+	for g := range 8 {
+		wg.Go(func() {
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				k := keys[(g*7+i)%len(keys)]
+				switch i % 5 {
+				case 0:
+					err := s.Add(Target{Key: k, URL: ts.URL + "/metrics?v=" + string(rune('0'+i%3))})
+					if err != nil && !errors.Is(err, ErrTooManyTargets) {
+						t.Error(err)
+					}
+				case 1:
+					s.Remove(k)
+				case 2:
+					if snap := s.Snapshot(k); snap != nil && snap.Key != k {
+						t.Errorf("snapshot of %s under key %s", snap.Key, k)
+					}
+				case 3:
+					if n := len(s.Keys()); n > 8 {
+						t.Errorf("%d targets, bound 8", n)
+					}
+				default:
+					s.Snapshots()
+				}
+			}
+		})
+	}
+	time.Sleep(300 * time.Millisecond)
+	close(stop)
+	wg.Wait()
+	s.Stop()
+	waitFor(t, "goroutines to end", func() bool { return runtime.NumGoroutine() <= base })
+}
