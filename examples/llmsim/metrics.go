@@ -27,7 +27,10 @@ func (c *counters) reset() {
 
 // serveMetrics writes the Prometheus text format (version 0.0.4) with vLLM's metric names, so
 // that anything scraping vLLM can scrape the simulator. Counters carry the _total suffix in
-// their exposed name, as vLLM's prometheus_client does.
+// their exposed name, as vLLM's prometheus_client does. vllm:cache_config_info carries the KV
+// cache size as vLLM does, block_size × num_gpu_blocks tokens (left out when the cache is
+// unlimited: vLLM's is never). A scrape counts in none of the counters: tests that count the
+// requests a worker served must not count the router's telemetry.
 func (s *Server) serveMetrics(w http.ResponseWriter, r *http.Request) {
 	running, waiting := s.slots.counts()
 	usage := 0.0
@@ -49,6 +52,10 @@ func (s *Server) serveMetrics(w http.ResponseWriter, r *http.Request) {
 		"Number of requests waiting to be processed.", vllm, float64(waiting))
 	metric("vllm:kv_cache_usage_perc", "gauge",
 		"KV-cache usage. 1 means 100 percent usage.", vllm, usage)
+	if s.cfg.CapacityBlocks > 0 {
+		metric("vllm:cache_config_info", "gauge", "Information of the LLMEngine CacheConfig",
+			fmt.Sprintf(`{block_size="%d",engine="0",num_gpu_blocks="%d"}`, s.cfg.BlockTokens, s.cfg.CapacityBlocks), 1)
+	}
 	metric("vllm:prefix_cache_queries_total", "counter",
 		"Prefix cache queries, in terms of number of queried tokens.", vllm, float64(s.m.promptTokens.Load()))
 	metric("vllm:prefix_cache_hits_total", "counter",
