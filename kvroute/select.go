@@ -40,9 +40,9 @@ type candidate struct {
 //  6. Record: the routing text goes into the model's tree under the chosen upstream, the
 //     session is bound, the decision counted, and the session cookie set when configured.
 //
-// Load is the router's own count of requests in flight (Caddy's NumRequests only moves after
-// Select returns, so concurrent decisions would all see the old value).
+// Load is defined in load.go.
 func (p *KVCacheAware) Select(pool reverseproxy.UpstreamPool, r *http.Request, w http.ResponseWriter) *reverseproxy.Upstream {
+	p.state.startBackground()
 	req := requestFor(r, DefaultMaxBody)
 
 	// 1. Candidates.
@@ -92,7 +92,7 @@ func (p *KVCacheAware) candidates(dst []candidate, pool reverseproxy.UpstreamPoo
 			continue
 		}
 		st := p.state.upstream(up.Dial)
-		load := max(st.inFlight.Load(), int64(up.NumRequests()))
+		load := p.state.load(st, up.NumRequests())
 		dst = append(dst, candidate{up: up, st: st, prof: prof, load: load})
 		if saturatedAt(prof, load) {
 			saturated++

@@ -126,6 +126,12 @@ type state struct {
 	stop     chan struct{}
 	done     chan struct{}
 
+	// started is set by the first decision, which starts the background sources of knowledge
+	// beside the decisions (they never run during caddy validate or adapt, which provision but
+	// route nothing); Destruct stops them.
+	started   atomic.Bool
+	startOnce sync.Once
+
 	lastEviction atomic.Pointer[evictionRecord]
 	evictedChars atomic.Int64
 	evictions    atomic.Int64
@@ -176,6 +182,17 @@ func currentState() *state {
 		return false
 	})
 	return s
+}
+
+// startBackground starts the background sources once, on the first decision. The check on
+// the request path is one atomic load.
+func (s *state) startBackground() {
+	if s.started.Load() {
+		return
+	}
+	s.startOnce.Do(func() {
+		s.started.Store(true)
+	})
 }
 
 // Destruct stops the eviction goroutine when the last policy lets go of the state.
