@@ -204,7 +204,7 @@ func FuzzMatcherCaddyfile(f *testing.F) {
 	})
 }
 
-// selectSeeds are bodies for FuzzSelectBody: the four formats, and the bad input of DESIGN.md.
+// selectSeeds are bodies for FuzzSelectBody: the four formats, and the bad input of docs/design.md and the README's threat model.
 var selectSeeds = []string{
 	``,
 	`{"model":"m","messages":[{"role":"system","content":"be brief"},{"role":"user","content":"hello"}],"max_tokens":16}`,
