@@ -45,6 +45,7 @@ type reportData struct {
 }
 
 var reportTemplate = template.Must(template.New("report").Funcs(template.FuncMap{
+	"verdict":   verdict,
 	"ms":        fmtMs,
 	"span":      fmtSpan,
 	"perWorker": fmtPerWorker,
@@ -92,6 +93,7 @@ Fleet: {{.Out.Params.Workers}} × {{.Out.Params.Fleet}} workers, {{.Out.Params.B
 Workload: {{.Out.Params.Workload}}{{if .Out.Params.Conversations}} ({{.Out.Params.Conversations}} conversations × {{.Out.Params.Turns}} turns, {{.Out.Params.SystemPrompts}} system prompts){{end}}, {{.Out.Params.Loop}}{{if .Out.Params.SessionHeader}}, with X-Session-ID{{else}}, no session header{{end}}.
 Runs per policy: {{.Out.Params.Repeats}}.{{if .Out.Params.KVOptions}} kv_cache_aware options: <code>{{join .Out.Params.KVOptions "; "}}</code>.{{end}}
 Wall time {{f0 .Out.WallSeconds}} s.</p>
+{{with verdict .Out.Policies}}<p><strong>{{.}}</strong></p>{{end}}
 
 {{with .Out.Walkthrough}}
 <h2>Walkthrough: kv_cache_aware</h2>

@@ -118,6 +118,9 @@ func printComparison(w io.Writer, results []*policyResult, addrs []string, cfg *
 		title += fmt.Sprintf(", mean of %d runs (min-max)", cfg.repeats)
 	}
 	fmt.Fprintln(w, title)
+	if v := verdict(results); v != "" {
+		fmt.Fprintln(w, v)
+	}
 	if len(cfg.kvOptions) > 0 {
 		fmt.Fprintf(w, "kv_cache_aware options: %s\n", strings.Join(cfg.kvOptions, "; "))
 	}
