@@ -261,7 +261,8 @@ type candidate struct {
 // Load is the router's own count of requests in flight (Caddy's NumRequests only moves after
 // Select returns, so concurrent decisions would all see the old value).
 func (p *KVCacheAware) Select(pool reverseproxy.UpstreamPool, r *http.Request, w http.ResponseWriter) *reverseproxy.Upstream {
-	req := requestFor(r, DefaultMaxBody)
+	req := attemptFor(r, DefaultMaxBody)
+	defer req.placed()
 	st := p.state
 	now := time.Now()
 
@@ -557,13 +558,15 @@ func (p *KVCacheAware) place(cands []candidate, req *llmRequest) int {
 	return leastBusy(cands)
 }
 
-// treeName returns the tree a request for model uses: the model's own, or "" once the number
-// of trees reached its bound (model names come from clients).
+// treeName returns the tree a request for model uses: the model's own ("" without a model).
+// Model names come from clients: before a model new to the forest gets its tree, the least
+// recently used trees go so that at most maxTrees remain, and junk names age out instead of
+// sending every later model to one shared tree.
 func (p *KVCacheAware) treeName(model string) string {
-	if model == "" || p.state.forest.Get(model) != nil || p.state.forest.Len() < maxTrees {
-		return model
+	if f := p.state.forest; f.Get(model) == nil && f.Len() >= maxTrees {
+		f.MakeRoom(maxTrees)
 	}
-	return ""
+	return model
 }
 
 func indexOf(cands []candidate, addr string) int {
