@@ -4,7 +4,6 @@ import (
 	"errors"
 	"io"
 	"math"
-	"mime"
 	"net/http"
 	"strings"
 	"sync"
@@ -44,10 +43,10 @@ func Routable(r *http.Request) bool {
 	if ct == "" {
 		return true
 	}
-	mt, _, err := mime.ParseMediaType(ct)
-	if err != nil {
-		return false
-	}
+	// The media type without parameters, as mime.ParseMediaType gives it, without the map of
+	// parameters it allocates on every request.
+	mt, _, _ := strings.Cut(ct, ";")
+	mt = strings.ToLower(strings.TrimSpace(mt))
 	if strings.HasPrefix(mt, "application/grpc") {
 		return false
 	}

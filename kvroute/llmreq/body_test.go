@@ -510,4 +510,10 @@ func TestRoutable(t *testing.T) {
 	if Routable(r) {
 		t.Error("Routable(NoBody)")
 	}
+	// It runs on every request: no allocation.
+	r = httptest.NewRequest("POST", "/", strings.NewReader("{}"))
+	r.Header.Set("Content-Type", "application/json; charset=utf-8")
+	if n := testing.AllocsPerRun(100, func() { Routable(r) }); n != 0 {
+		t.Errorf("Routable allocates %v times", n)
+	}
 }
