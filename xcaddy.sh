@@ -101,11 +101,28 @@ demo)
 test)
 	build
 	export KVROUTE_CADDY="$ROOT/caddy"
-	go vet ./...
+	# Every module is vetted and tested, whatever failed before it (examples/* with a go.mod
+	# are modules of their own); one summary line at the end, and a non-zero exit if any
+	# module failed.
+	passed=() failed=()
+	test_module() { # DIR GO-TEST-FLAGS...
+		local dir=$1 ok=1
+		shift
+		echo "== $dir" >&2
+		(cd "$dir" && go vet ./...) || ok=0
+		(cd "$dir" && go test -race -count 1 "$@" ./...) || ok=0
+		if ((ok)); then passed+=("$dir"); else failed+=("$dir"); fi
+	}
 	# -p 1: caddytest packages share the admin port 2999.
-	go test -race -p 1 -count 1 "$@" ./...
-	# The benchmark-only peer policies are a module of their own.
-	(cd examples/peers && go vet ./... && go test -race -count 1 "$@" ./...)
+	test_module . -p 1 "$@"
+	for mod in examples/*/go.mod; do
+		test_module "$(dirname "$mod")" "$@"
+	done
+	if ((${#failed[@]})); then
+		echo "xcaddy.sh test: FAIL in ${#failed[@]} of $((${#passed[@]} + ${#failed[@]})) modules: ${failed[*]}${passed:+ (passed: ${passed[*]})}"
+		exit 1
+	fi
+	echo "xcaddy.sh test: PASS, all ${#passed[@]} modules: ${passed[*]}"
 	;;
 fuzz)
 	examples/soak/fuzz.sh "$@"

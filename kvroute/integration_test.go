@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -187,8 +188,9 @@ func TestIntegrationBodyIntegrity(t *testing.T) {
 	}{
 		{"empty", nil, false},
 		{"small chat", chatOf(100), false},
-		{"chat just below max_body", chatOf(maxBody - 200)[:maxBody-1], false},
-		{"chat at max_body", padTo(chatOf(maxBody), maxBody), false},
+		{"chat just below max_body", padTo(t, chatOf(maxBody-200), maxBody-1), false},
+		{"chat at max_body", padTo(t, chatOf(maxBody-200), maxBody), false},
+		{"chat just above max_body", padTo(t, chatOf(maxBody-200), maxBody+1), false},
 		{"chat above max_body", chatOf(maxBody * 3), false},
 		{"large chat", chatOf(5 << 20), false},
 		{"binary", random(3 * maxBody), false},
@@ -198,6 +200,11 @@ func TestIntegrationBodyIntegrity(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
+			// A chat case is the valid request its name says (a case that is not would test
+			// another path of the matcher).
+			if strings.Contains(tc.name, "chat") && !strings.Contains(tc.name, "invalid") && !json.Valid(tc.body) {
+				t.Fatalf("the %q case is not valid JSON", tc.name)
+			}
 			var body io.Reader = bytes.NewReader(tc.body)
 			if tc.chunked {
 				body = io.MultiReader(bytes.NewReader(tc.body)) // hides the length: sent chunked
@@ -221,10 +228,15 @@ func TestIntegrationBodyIntegrity(t *testing.T) {
 	}
 }
 
-// padTo cuts or pads b with spaces inside the JSON (before the final brace) to n bytes.
-func padTo(b []byte, n int) []byte {
-	if len(b) >= n {
-		return b[:n]
+// padTo pads the JSON object b with spaces before its final brace to n bytes; b must not be
+// longer (cutting it would make it invalid JSON).
+func padTo(t testing.TB, b []byte, n int) []byte {
+	t.Helper()
+	if len(b) > n {
+		t.Fatalf("padTo: %d bytes, longer than %d", len(b), n)
+	}
+	if len(b) == n {
+		return b
 	}
 	out := append([]byte{}, b[:len(b)-1]...)
 	out = append(out, bytes.Repeat([]byte(" "), n-len(b))...)

@@ -570,6 +570,95 @@ func TestReliabilityRetryAfterRefusedConnection(t *testing.T) {
 	}
 }
 
+// earlyFailer is an upstream that reads the first KiB of a request body, answers 500 and
+// closes the connection, as a server that gives up on a request part-way does.
+func earlyFailer(t *testing.T) (addr string, hits *atomic.Int64) {
+	hits = new(atomic.Int64)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		hits.Add(1)
+		io.ReadFull(r.Body, make([]byte, 1024))
+		w.Header().Set("Connection", "close")
+		http.Error(w, "gave up", http.StatusInternalServerError)
+	}))
+	t.Cleanup(func() { srv.CloseClientConnections(); srv.Close() })
+	return srv.Listener.Addr().String(), hits
+}
+
+// A 5xx after the first upstream read part of the body, without request_buffers: the retry
+// sends the whole body when the plugin holds all of it (at most max_body), and otherwise
+// fails cleanly (502, the second upstream sees a broken body), as Caddy's own unbuffered
+// bodies do; never a body with its start cut off presented as complete. Chunked and sized,
+// with the matcher and with the policy alone.
+func TestReliabilityRetry5xxWithoutRequestBuffers(t *testing.T) {
+	leakCheck(t)
+	c := newClient(t, 60*time.Second)
+	live := newProbe(t, "live")
+	for _, tc := range []struct {
+		name    string
+		path    string
+		size    int
+		chunked bool
+	}{
+		{"matcher below max_body sized", "/v1/chat/completions", 3 << 20, false},
+		{"matcher below max_body chunked", "/v1/chat/completions", 3 << 20, true},
+		{"matcher above max_body sized", "/v1/chat/completions", 5 << 20, false},
+		{"matcher above max_body chunked", "/v1/chat/completions", 5 << 20, true},
+		{"policy alone below max_body sized", "/plain/v1/chat/completions", 3 << 20, false},
+		{"policy alone below max_body chunked", "/plain/v1/chat/completions", 3 << 20, true},
+		{"policy alone above max_body sized", "/plain/v1/chat/completions", 5 << 20, false},
+		{"policy alone above max_body chunked", "/plain/v1/chat/completions", 5 << 20, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			early, hits := earlyFailer(t)
+			// The failing upstream is the cheaper one: a cold prompt goes to it first.
+			policy := fmt.Sprintf(`upstream %s {
+					energy_per_token 10uJ
+				}
+				upstream %s {
+					energy_per_token 500uJ
+				}`, early, live.addr())
+			startCaddy(t, relConfig([]string{early, live.addr()}, "max_body 4MiB", policy, `lb_retries 2
+			lb_retry_match {
+				expression {rp.status_code} >= 500
+			}
+			lb_retry_match {
+				method POST
+			}`))
+			body := bigChat(int(time.Now().UnixNano()), tc.size)
+			var rd io.Reader = bytes.NewReader(body)
+			if tc.chunked {
+				rd = io.MultiReader(rd) // no length: the client sends it chunked
+			}
+			complete, broken := live.complete.Load(), live.broken.Load()
+			rep, code, err := post(t, c, tc.path, rd)
+			if err != nil {
+				t.Fatalf("POST: %v", err)
+			}
+			if hits.Load() == 0 {
+				t.Fatal("the failing upstream was not tried first: the test proved nothing")
+			}
+			if len(body) <= 4<<20 {
+				if code != http.StatusOK {
+					t.Fatalf("status %d; the retry of a body held whole must succeed", code)
+				}
+				checkIntact(t, rep, body)
+				return
+			}
+			// Above max_body: the retry cannot resend what went to the first upstream.
+			if code != http.StatusBadGateway {
+				t.Errorf("status %d (%s, %d bytes), want 502", code, rep.Upstream, rep.Len)
+			}
+			if n := live.complete.Load() - complete; n != 0 {
+				t.Errorf("the second upstream received %d bodies as complete (%d bytes), want 0", n, rep.Len)
+			}
+			if live.broken.Load() == broken && live.hits.Load() > 0 {
+				t.Logf("the retry failed before reaching the second upstream")
+			}
+			waitIdle(t)
+		})
+	}
+}
+
 // Without passive health checks (no fail_duration) Caddy does not mark the refusing upstream
 // down, so each retry asks the policy again with the same pool: the retry must still reach the
 // upstream that did not refuse.

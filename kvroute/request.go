@@ -31,6 +31,11 @@ type llmRequest struct {
 	llmreq.Request
 	err error // reading the body failed; the request routes without text
 
+	// body is what was read of the request body (nil when it was not read), maxBody how
+	// much: every attempt gets the body from it, and a retry re-derives the routing text.
+	body    *llmreq.Body
+	maxBody int64
+
 	// pick is the upstream this request is counted against while in flight; a retry moves it.
 	pick atomic.Pointer[upstreamState]
 
@@ -51,9 +56,10 @@ func requestFor(r *http.Request, maxBody int64) *llmRequest {
 	if v, ok := caddyhttp.GetVar(r.Context(), varRequest).(*llmRequest); ok && v != nil {
 		return v
 	}
-	lr := new(llmRequest)
-	if r.Body != nil && r.Body != http.NoBody {
+	lr := &llmRequest{maxBody: maxBody}
+	if llmreq.Routable(r) {
 		prefix, truncated, err := llmreq.ReadBody(r, maxBody)
+		lr.body = llmreq.Held(r)
 		lr.err = err
 		if len(prefix) > 0 {
 			lr.Request = llmreq.Parse(prefix, truncated || err != nil)
@@ -66,6 +72,36 @@ func requestFor(r *http.Request, maxBody int64) *llmRequest {
 		setPlaceholders(r, lr)
 	}
 	return lr
+}
+
+// attemptFor is requestFor for one attempt of the reverse proxy: Select runs once per attempt,
+// with the request that attempt sends. When the plugin holds the whole body, the attempt gets
+// a fresh reader of all of it, whatever earlier attempts read; when it does not, an attempt
+// after one that sent bytes fails as Caddy's own unbuffered bodies do (llmreq.Body.Attempt).
+// It also re-derives the routing text that the previous attempt let go of (placed).
+func attemptFor(r *http.Request, maxBody int64) *llmRequest {
+	lr := requestFor(r, maxBody)
+	if lr.body == nil {
+		return lr
+	}
+	lr.body.Attempt(r)
+	if lr.Text == "" && lr.Runes > 0 {
+		// A body longer than what is held drops its bytes once they are sent on: the retry
+		// then routes without text (and its body fails anyway).
+		if prefix, truncated := lr.body.Prefix(lr.maxBody); len(prefix) > 0 {
+			lr.Text = llmreq.Parse(prefix, truncated || lr.err != nil).Text
+		}
+	}
+	return lr
+}
+
+// placed lets go of the routing text once an attempt is placed: it can be several times
+// max_body, and the request may stream for minutes. What the decision keeps (Runes, Model,
+// Session) is small; a retry re-derives the text from the held body.
+func (lr *llmRequest) placed() {
+	if lr.body != nil {
+		lr.Text = ""
+	}
 }
 
 // hasVars reports whether the request carries Caddy's vars map (requests made outside a Caddy

@@ -43,7 +43,8 @@ type candidate struct {
 // Load is defined in load.go.
 func (p *KVCacheAware) Select(pool reverseproxy.UpstreamPool, r *http.Request, w http.ResponseWriter) *reverseproxy.Upstream {
 	p.state.startBackground()
-	req := requestFor(r, DefaultMaxBody)
+	req := attemptFor(r, DefaultMaxBody)
+	defer req.placed()
 
 	// 1. Candidates.
 	var buf [16]candidate
@@ -375,13 +376,15 @@ func (p *KVCacheAware) commit(r *http.Request, w http.ResponseWriter, req *llmRe
 	return c.up
 }
 
-// treeName returns the tree a request for model uses: the model's own, or "" once the number
-// of trees reached its bound (model names come from clients).
+// treeName returns the tree a request for model uses: the model's own ("" without a model).
+// Model names come from clients: before a model new to the forest gets its tree, the least
+// recently used trees go so that at most maxTrees remain, and junk names age out instead of
+// sending every later model to one shared tree.
 func (p *KVCacheAware) treeName(model string) string {
-	if model == "" || p.state.forest.Get(model) != nil || p.state.forest.Len() < maxTrees {
-		return model
+	if f := p.state.forest; f.Get(model) == nil && f.Len() >= maxTrees {
+		f.MakeRoom(maxTrees)
 	}
-	return ""
+	return model
 }
 
 func indexOf(cands []candidate, addr string) int {

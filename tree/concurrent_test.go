@@ -63,8 +63,8 @@ func TestConcurrent(t *testing.T) {
 					}
 				}
 			case op < 9:
-				if n := tr.MatchTenant(text, tenant); n > m.Runes && n > len(text) {
-					report("MatchTenant %d", n)
+				if n, want := tr.MatchTenant(text, tenant), utf8.RuneCountInString(text); n < 0 || n > want {
+					report("MatchTenant %d of a %d-rune text", n, want)
 				}
 			default:
 				if rng.IntN(20) == 0 {
@@ -203,4 +203,36 @@ func TestMatchDuringEviction(t *testing.T) {
 		t.Errorf("no match completed during a %v pass", st.Duration)
 	}
 	t.Logf("pass %+v; %d matches during it", st, during.Load())
+}
+
+func TestConcurrentInsertStampsInOrder(t *testing.T) {
+	// Inserts of one tenant that share a prefix race for the tree's mutex. A stamp taken
+	// before the mutex lets a later lock holder write an older stamp on the shared prefix
+	// than the one an earlier holder left on its own deeper node, so a child would look more
+	// recently used than its parent and eviction would take the parent's path first. verify
+	// takes the id lock exclusively, so it sees the tree between inserts, as often as it can.
+	f := NewForest(Limits{})
+	tr := f.Tree("")
+	var wg sync.WaitGroup
+	var stop atomic.Bool
+	for g := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; !stop.Load(); i++ {
+				tr.Insert(fmt.Sprintf("shared system prompt %d/%d", g, i%7), "u")
+			}
+		}()
+	}
+	var err error
+	for deadline := time.Now().Add(2 * time.Second); err == nil && time.Now().Before(deadline); {
+		err = verify(f)
+		runtime.Gosched()
+	}
+	stop.Store(true)
+	waitOrDump(t, &wg, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	check(t, f)
 }

@@ -1,6 +1,7 @@
 package tree
 
 import (
+	"cmp"
 	"maps"
 	"slices"
 	"sync"
@@ -108,11 +109,41 @@ func (f *Forest) Tree(name string) *Tree {
 	t := (*f.trees.Load())[name]
 	if t == nil {
 		t = &Tree{f: f, name: name}
+		t.used.Store(f.clock.Load()) // as recent as the latest insert: not the next to go
 		trees := maps.Clone(*f.trees.Load())
 		trees[name] = t
 		f.trees.Store(&trees)
 	}
 	return t
+}
+
+// MakeRoom drops the least recently used trees (by their last insert) until fewer than keep
+// remain, so that one more tree keeps the forest within keep, and returns how many it dropped.
+// Tree names are model names, which come from clients: without it, junk names would hold their
+// trees for good. Dropped trees free their chars; handles to them forward to a new tree of the
+// same name, as after Reset.
+func (f *Forest) MakeRoom(keep int) int {
+	f.idMu.RLock() // as Reset: no id is recycled while charges are taken back
+	defer f.idMu.RUnlock()
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	cur := *f.trees.Load()
+	over := len(cur) - max(keep, 1) + 1
+	if over <= 0 {
+		return 0
+	}
+	ts := slices.Collect(maps.Values(cur))
+	slices.SortFunc(ts, func(a, b *Tree) int { return cmp.Compare(a.used.Load(), b.used.Load()) })
+	trees := maps.Clone(cur)
+	for _, t := range ts[:over] {
+		t.mu.Lock()
+		t.clear()
+		t.detached.Store(true)
+		t.mu.Unlock()
+		delete(trees, t.name)
+	}
+	f.trees.Store(&trees)
+	return over
 }
 
 // Get returns the tree called name, or nil.

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -141,5 +142,73 @@ func TestSetLimits(t *testing.T) {
 	}
 	if strings.Join(f.Tenants(), ",") != "early,late" {
 		t.Errorf("Tenants = %v", f.Tenants())
+	}
+}
+
+func TestForestMakeRoomDropsLeastRecentlyUsed(t *testing.T) {
+	f := newTestForest(Limits{})
+	real := f.Tree("llama")
+	real.Insert("system prompt of a real model", "u1")
+	for i := range 10 {
+		f.Tree(fmt.Sprint("junk", i)).Insert(fmt.Sprint("junk text ", i), "u2")
+		if i == 6 {
+			real.Insert("system prompt of a real model, turn 2", "u1") // used since junk0..6
+		}
+	}
+	before := f.Chars()
+	junk0 := f.Get("junk0")
+	if n := f.MakeRoom(5); n != 7 || f.Len() != 4 {
+		t.Fatalf("MakeRoom(5) dropped %d, left %d trees: %q", n, f.Len(), f.Names())
+	}
+	check(t, f)
+	// Least recently used first: junk0..6 (each used once, before the real model's last
+	// insert) go; the real model stays, and so do the three junk trees used after it.
+	if got, want := f.Names(), []string{"junk7", "junk8", "junk9", "llama"}; !slices.Equal(got, want) {
+		t.Errorf("kept %q, want %q", got, want)
+	}
+	// What the dropped trees held is freed, tenants' shares included.
+	if freed := before - f.Chars(); freed != 7*int64(len("junk text 0")) {
+		t.Errorf("freed %d chars", freed)
+	}
+	if got := f.TenantChars("u2"); got != 3*int64(len("junk text 0")) {
+		t.Errorf("u2 holds %d chars after the drop", got)
+	}
+	if _, n := top(real, "system prompt of a real model, turn 2"); n != 37 {
+		t.Errorf("real model's tree lost its text: %d runes", n)
+	}
+	// A handle to a dropped tree forwards to a new tree of its name.
+	junk0.Insert("again", "u3")
+	if g := f.Get("junk0"); g == nil || g == junk0 || g.Chars() != 5 {
+		t.Errorf("insert through a dropped tree's handle: %v", g)
+	}
+	check(t, f)
+	if n := f.MakeRoom(10); n != 0 || f.Len() != 5 {
+		t.Errorf("MakeRoom under the bound dropped %d", n)
+	}
+}
+
+func TestForestMakeRoomConcurrent(t *testing.T) {
+	// Dropping trees while other goroutines insert into them and match them keeps the forest
+	// consistent and within the bound plus the number of goroutines creating trees.
+	f := NewForest(Limits{MaxChars: 5000})
+	var wg sync.WaitGroup
+	for g := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var m Match
+			for i := range 400 {
+				name := fmt.Sprint("m", (g*131+i)%40)
+				f.MakeRoom(8)
+				tr := f.Tree(name)
+				tr.Insert(fmt.Sprintf("prompt %d %d", g, i), fmt.Sprint("u", i%3))
+				tr.Match("prompt 1", &m)
+			}
+		}()
+	}
+	wg.Wait()
+	check(t, f)
+	if n := f.Len(); n > 8+4 {
+		t.Errorf("%d trees, bound 8 (+4 racing)", n)
 	}
 }

@@ -19,6 +19,7 @@ type Tree struct {
 	detached atomic.Bool // dropped from the forest; written under mu
 	root     node        // text is empty, holds no tenants
 	chars    atomic.Int64
+	used     atomic.Uint64 // the clock tick of the last insert (or of the tree's creation)
 
 	mu          sync.Mutex
 	gen         uint64  // guarded by mu; bumped by clear, so eviction can drop stale nodes
@@ -51,7 +52,7 @@ func (t *Tree) Insert(text, tenant string) {
 	f.idMu.RLock()
 	id := f.intern(tenant)
 	if text != "" {
-		t.insert(text, id, f.clock.Add(1))
+		t.insert(text, id)
 	}
 	f.idMu.RUnlock()
 	if f.overBound(id) {
@@ -59,7 +60,7 @@ func (t *Tree) Insert(text, tenant string) {
 	}
 }
 
-func (t *Tree) insert(text string, id uint32, stamp uint64) {
+func (t *Tree) insert(text string, id uint32) {
 	f := t.f
 	fit := false
 	for {
@@ -69,6 +70,11 @@ func (t *Tree) insert(text string, id uint32, stamp uint64) {
 			t = f.Tree(t.name)
 			continue
 		}
+		// The tick is taken under the mutex: inserts through a shared prefix then stamp it
+		// in the order they change the tree, so a parent's stamp is never older than the
+		// one a child got from an insert that held the mutex before.
+		stamp := f.clock.Add(1)
+		t.used.Store(stamp)
 		need := t.insertLocked(text, id, stamp, fit)
 		t.mu.Unlock()
 		if need == 0 {

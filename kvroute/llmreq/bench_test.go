@@ -117,9 +117,15 @@ func BenchmarkParse(b *testing.B) {
 }
 
 func BenchmarkReadBody(b *testing.B) {
-	body := chatBody(64<<10, false)
+	for _, size := range []int{4 << 10, 64 << 10} {
+		benchmarkReadBody(b, size)
+	}
+}
+
+func benchmarkReadBody(b *testing.B, size int) {
+	body := chatBody(size, false)
 	for _, cl := range []int64{int64(len(body)), -1} {
-		b.Run(fmt.Sprintf("64KiB/content-length=%d", cl), func(b *testing.B) {
+		b.Run(fmt.Sprintf("%dKiB/content-length=%d", size>>10, cl), func(b *testing.B) {
 			b.SetBytes(int64(len(body)))
 			b.ReportAllocs()
 			r := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", nil)

@@ -106,8 +106,17 @@ func TestReadBody(t *testing.T) {
 			if n, err := r.Body.Read(make([]byte, 10)); n != 0 || err != io.EOF {
 				t.Errorf("read after the end = %d, %v; want 0, EOF", n, err)
 			}
-			if err := r.Body.Close(); err != nil || src.closed != 1 {
-				t.Errorf("Close = %v, original closed %d times; want nil, 1", err, src.closed)
+			// A body held whole leaves the original to the server; one streamed on closes it,
+			// ending a read blocked on a slow client.
+			wantClosed := 0
+			if len(data) > max {
+				wantClosed = 1
+			}
+			if err := r.Body.Close(); err != nil || src.closed != wantClosed {
+				t.Errorf("Close = %v, original closed %d times; want nil, %d", err, src.closed, wantClosed)
+			}
+			if n, err := r.Body.Read(make([]byte, 10)); n != 0 || err != http.ErrBodyReadAfterClose && len(data) > 0 {
+				t.Errorf("read after Close = %d, %v; want 0, %v", n, err, http.ErrBodyReadAfterClose)
 			}
 		})
 	}
@@ -303,5 +312,208 @@ func TestReadBodyCloseBeforeReadKeepsBody(t *testing.T) {
 	}
 	if err := r.Body.Close(); err != nil || src.closed != 1 {
 		t.Fatalf("Close after reading: err %v, closed %d; want nil, 1", err, src.closed)
+	}
+}
+
+// readSome reads up to n bytes of body.
+func readSome(t *testing.T, body io.Reader, n int) []byte {
+	t.Helper()
+	got, err := io.ReadAll(io.LimitReader(body, int64(n)))
+	if err != nil {
+		t.Fatalf("reading %d bytes: %v", n, err)
+	}
+	return got
+}
+
+// TestBodyAttemptWhole is a retry after the first upstream read part of a body held whole and
+// answered 500: the next attempt gets every byte, while the first attempt's transport may
+// still be reading its own reader in another goroutine.
+func TestBodyAttemptWhole(t *testing.T) {
+	data := payload(300_000)
+	for _, cl := range []int64{int64(len(data)), -1} {
+		r := httptest.NewRequest(http.MethodPost, "/", nil)
+		r.Body, r.ContentLength = &source{data: bytes.Clone(data), chunk: 4096}, cl
+		if _, truncated, err := ReadBody(r, 1<<20); truncated || err != nil {
+			t.Fatalf("ReadBody: truncated %v, %v", truncated, err)
+		}
+		b := Held(r)
+		if b == nil || !b.Whole() {
+			t.Fatalf("Held = %v", b)
+		}
+		b.Attempt(r)
+		first := r.Body
+		if got := readSome(t, first, 1024); !bytes.Equal(got, data[:1024]) {
+			t.Fatal("first attempt's bytes differ")
+		}
+		done := make(chan []byte)
+		go func() { // the first attempt's transport, still reading
+			got, _ := io.ReadAll(first)
+			done <- got
+		}()
+		b.Attempt(r)
+		if r.Body == first {
+			t.Fatal("the retry got the first attempt's reader")
+		}
+		got, err := io.ReadAll(r.Body)
+		if err != nil || !bytes.Equal(got, data) {
+			t.Fatalf("retry: %d bytes, %v; want the %d original bytes", len(got), err, len(data))
+		}
+		if rest := <-done; !bytes.Equal(rest, data[1024:]) {
+			t.Errorf("first reader gave %d more bytes, want %d", len(rest), len(data)-1024)
+		}
+		first.Close()
+		if n, err := first.Read(make([]byte, 8)); n != 0 || err != http.ErrBodyReadAfterClose {
+			t.Errorf("first reader after Close: %d, %v", n, err)
+		}
+		// A third attempt after a full read gets it all again.
+		b.Attempt(r)
+		if got, err := io.ReadAll(r.Body); err != nil || !bytes.Equal(got, data) {
+			t.Fatalf("third attempt: %d bytes, %v", len(got), err)
+		}
+	}
+}
+
+// TestBodyAttemptSpent is a retry after part of a body longer than max went upstream: it
+// cannot be sent again, so every read fails; never the rest presented as the whole body.
+func TestBodyAttemptSpent(t *testing.T) {
+	data := payload(300_000)
+	for _, closeFirst := range []bool{true, false} {
+		src := &source{data: bytes.Clone(data), chunk: 4096}
+		r := httptest.NewRequest(http.MethodPost, "/", nil)
+		r.Body, r.ContentLength = src, -1
+		if _, truncated, err := ReadBody(r, 100_000); !truncated || err != nil {
+			t.Fatalf("ReadBody: truncated %v, %v", truncated, err)
+		}
+		b := Held(r)
+		b.Attempt(r)
+		first := r.Body
+		readSome(t, first, 1024)
+		if closeFirst {
+			first.Close() // Caddy's transport, once the upstream answered
+			if src.closed != 1 {
+				t.Errorf("original closed %d times after a partial read", src.closed)
+			}
+		}
+		b.Attempt(r)
+		if r.Body != first {
+			t.Fatal("a body that is not held whole was replaced")
+		}
+		got, err := io.ReadAll(r.Body)
+		want := ErrBodySpent
+		if closeFirst {
+			want = http.ErrBodyReadAfterClose
+		}
+		if len(got) != 0 || err != want {
+			t.Errorf("retry read %d bytes, %v; want 0, %v", len(got), err, want)
+		}
+		// A body Caddy buffered itself (request_buffers) replaces ours: it is left alone.
+		r.Body = io.NopCloser(bytes.NewReader(data))
+		b.Attempt(r)
+		if got, _ := io.ReadAll(r.Body); !bytes.Equal(got, data) {
+			t.Errorf("a body of the caller's own was changed on retry")
+		}
+	}
+}
+
+// TestBodyAttemptAfterFailedDial: the transport closed the first attempt's body without reading
+// it, so the next attempt can still send all of it, and the old reader is dead.
+func TestBodyAttemptAfterFailedDial(t *testing.T) {
+	data := payload(300_000)
+	src := &source{data: bytes.Clone(data), chunk: 4096}
+	r := httptest.NewRequest(http.MethodPost, "/", nil)
+	r.Body, r.ContentLength = src, int64(len(data))
+	ReadBody(r, 100_000)
+	b := Held(r)
+	b.Attempt(r)
+	first := r.Body
+	first.Close()
+	b.Attempt(r)
+	if r.Body == first {
+		t.Fatal("no fresh reader after a failed dial")
+	}
+	if n, err := first.Read(make([]byte, 8)); n != 0 || err != ErrBodySpent {
+		t.Errorf("old reader: %d, %v; want 0, %v", n, err, ErrBodySpent)
+	}
+	if got, err := io.ReadAll(r.Body); err != nil || !bytes.Equal(got, data) {
+		t.Fatalf("retry after a failed dial: %d bytes, %v", len(got), err)
+	}
+	if src.closed != 0 {
+		t.Errorf("original closed %d times", src.closed)
+	}
+}
+
+// TestReadBodyMemoryFollowsBytes: a client that declares 4 MiB and sends 12 bytes costs 12
+// bytes, not the declared length.
+func TestReadBodyMemoryFollowsBytes(t *testing.T) {
+	for _, cl := range []int64{4 << 20, -1} {
+		r := httptest.NewRequest(http.MethodPost, "/", nil)
+		r.Body = io.NopCloser(io.MultiReader(strings.NewReader(`{"model":"m"`), iotest.ErrReader(io.ErrUnexpectedEOF)))
+		r.ContentLength = cl
+		prefix, _, err := ReadBody(r, 4<<20)
+		if err != io.ErrUnexpectedEOF || string(prefix) != `{"model":"m"` {
+			t.Fatalf("ReadBody = %q, %v", prefix, err)
+		}
+		if cap(prefix) != len(prefix) {
+			t.Errorf("content-length %d: %d bytes allocated for 12 received", cl, cap(prefix))
+		}
+	}
+	// The buffer kept is the body's size, however it arrived.
+	data := payload(1<<20 + 7)
+	r := httptest.NewRequest(http.MethodPost, "/", nil)
+	r.Body, r.ContentLength = &source{data: bytes.Clone(data), chunk: 1000}, -1
+	prefix, _, _ := ReadBody(r, 4<<20)
+	if !bytes.Equal(prefix, data) || cap(prefix) != len(data) {
+		t.Errorf("1 MiB in 1000-byte reads: %d bytes, capacity %d", len(prefix), cap(prefix))
+	}
+}
+
+func TestRoutable(t *testing.T) {
+	for _, tt := range []struct {
+		method, ct string
+		header     string // "Name: value"
+		cl         int64
+		want       bool
+	}{
+		{"POST", "", "", 10, true},
+		{"POST", "application/json", "", -1, true},
+		{"POST", "application/json; charset=utf-8", "", 10, true},
+		{"POST", "Application/JSON", "", 10, true},
+		{"POST", "application/vnd.api+json", "", 10, true},
+		{"POST", "application/grpc", "", -1, false},
+		{"POST", "application/grpc+json", "", -1, false},
+		{"POST", "application/x-ndjson", "", -1, false},
+		{"POST", "text/event-stream", "", -1, false},
+		{"POST", "application/octet-stream", "", 10, false},
+		{"POST", "multipart/form-data; boundary=x", "", 10, false},
+		{"POST", "application/x-www-form-urlencoded", "", 10, false},
+		{"POST", "garbage;;;", "", 10, false},
+		{"POST", "application/json", "Incremental: ?1", -1, false},
+		{"POST", "application/json", "Incremental: ?0", -1, true},
+		{"POST", "", "Upgrade: websocket", -1, false},
+		{"CONNECT", "", "", -1, false},
+		{"POST", "application/json", "", 0, false},
+	} {
+		r := httptest.NewRequest(tt.method, "/", strings.NewReader("{}"))
+		r.ContentLength = tt.cl
+		if tt.ct != "" {
+			r.Header.Set("Content-Type", tt.ct)
+		}
+		if name, value, ok := strings.Cut(tt.header, ": "); ok {
+			r.Header.Set(name, value)
+		}
+		if got := Routable(r); got != tt.want {
+			t.Errorf("Routable(%s %q %q length %d) = %v", tt.method, tt.ct, tt.header, tt.cl, got)
+		}
+	}
+	r := httptest.NewRequest("POST", "/", nil)
+	r.Body = http.NoBody
+	if Routable(r) {
+		t.Error("Routable(NoBody)")
+	}
+	// It runs on every request: no allocation.
+	r = httptest.NewRequest("POST", "/", strings.NewReader("{}"))
+	r.Header.Set("Content-Type", "application/json; charset=utf-8")
+	if n := testing.AllocsPerRun(100, func() { Routable(r) }); n != 0 {
+		t.Errorf("Routable allocates %v times", n)
 	}
 }
