@@ -36,8 +36,8 @@ const (
 
 var pathNames = [numPaths]string{"session", "imbalance", "prefix_hit", "fallback", "no_candidate"}
 
-// maxTrees bounds the number of per-model trees: model names come from clients. Requests for
-// further models share the tree named "".
+// maxTrees bounds the number of per-model trees: model names come from clients. Past it, the
+// least recently used trees go (treeName).
 const maxTrees = 1024
 
 // upstreamState is what the router knows of one upstream, keyed by its dial address.
