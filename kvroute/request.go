@@ -59,7 +59,7 @@ func requestFor(r *http.Request, maxBody int64) *llmRequest {
 		prefix, truncated, err := llmreq.ReadBody(r, maxBody)
 		lr.err = err
 		if len(prefix) > 0 {
-			lr.Request = llmreq.Parse(prefix, truncated || err != nil)
+			lr.Request = extract(r, prefix, truncated || err != nil, maxBody)
 		}
 	}
 	lr.Model = boundKey(lr.Model, maxModelLen)
@@ -69,6 +69,18 @@ func requestFor(r *http.Request, maxBody int64) *llmRequest {
 		setPlaceholders(r, lr)
 	}
 	return lr
+}
+
+// extract parses the first bytes of the request's body as the API its path and headers name,
+// decoding a gzip or deflate body first (at most maxBody decoded bytes; the body forwarded is
+// the one the client sent). An encoding it cannot decode leaves the request without routing
+// text.
+func extract(r *http.Request, prefix []byte, truncated bool, maxBody int64) llmreq.Request {
+	body, truncated, err := llmreq.Decode(prefix, truncated, r.Header.Get("Content-Encoding"), maxBody)
+	if err != nil {
+		return llmreq.Request{}
+	}
+	return llmreq.ParseAs(body, truncated, llmreq.Hint(r))
 }
 
 // hasVars reports whether the request carries Caddy's vars map (requests made outside a Caddy
