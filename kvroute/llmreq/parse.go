@@ -720,7 +720,7 @@ const bytesPerChar = 64
 // appendPlaceholder appends the stand-in for a non-text part written as raw: U+FFFC, then
 // max(8, len(raw)/bytesPerChar) lowercase hex digits drawn from a digest of raw (the first 8
 // are its CRC-32C), so that a part weighs in the tree what it costs to prefill, the same part
-// matches whole and a different one does not. Its length in bytes stays below 4 × len(raw) + 11.
+// matches whole and a different one does not. It takes max(11, 3 + len(raw)/64) bytes.
 func appendPlaceholder(dst, raw []byte) []byte {
 	const hex = "0123456789abcdef"
 	sum := crc32.Checksum(raw, castagnoli)

@@ -467,6 +467,8 @@ func TestParseDeep(t *testing.T) {
 			`{"prompt":"x","metadata":` + strings.Repeat(`{"a":`, n) + `1` + strings.Repeat(`}`, n) + `}`,
 			strings.Repeat(`[`, n),
 			`{"messages":[{"role":"user","content":[{"type":"tool_use","input":` + strings.Repeat(`[`, n) + strings.Repeat(`]`, n) + `}]}]}`,
+			`{"tools":` + strings.Repeat(`[`, n) + strings.Repeat(`]`, n) + `,"messages":[]}`,
+			`{"input":[{"type":"function_call","arguments":` + strings.Repeat(`{"a":`, n) + `1` + strings.Repeat(`}`, n) + `}],"instructions":""}`,
 		} {
 			for _, truncated := range []bool{false, true} {
 				if got := Parse([]byte(body), truncated); got.Format != None {
@@ -490,6 +492,12 @@ func TestParseBound(t *testing.T) {
 		"{\"prompt\":\"" + strings.Repeat("\xff", 1000) + "\"}",
 		`{"prompt":[` + strings.Repeat(`1,`, 1000) + `1]}`,
 		`{"messages":[{"tool_calls":[` + strings.Repeat(`{"function":{}},`, 1000) + `{}]}]}`,
+		`{"input":[` + strings.Repeat(`{"type":""},`, 1000) + `{}]}`,
+		`{"input":[` + strings.Repeat(`{},`, 1000) + `{}],"instructions":""}`,
+		`{"input":[` + strings.Repeat(`{"type":"reasoning","summary":[{},{}],"content":[{}]},`, 300) + `{}]}`,
+		`{"input":[{"type":"function_call_output","output":[` + strings.Repeat(`{},`, 1000) + `{}]}]}`,
+		"{\"tools\":[\"" + strings.Repeat("\xff", 1000) + "\"],\"messages\":[]}",
+		`{"input_ids":[` + strings.Repeat(`1,`, 1000) + `1]}`,
 	} {
 		got := Parse([]byte(body), false)
 		if got.Format == None || len(got.Text) > 4*len(body) {
