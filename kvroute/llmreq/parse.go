@@ -5,6 +5,7 @@ import (
 	"math"
 	"strconv"
 	"strings"
+	"unicode/utf8"
 )
 
 // The routing text's separators (see the package documentation). JSON strings must escape
@@ -40,6 +41,8 @@ type parser struct {
 type fields struct {
 	model, session, msgs, sys, prompt, text state
 	defs, instr, input, ids                 state
+
+	defs0, defs1 int // where the tools definitions are in the body
 
 	maxTokens, maxCompletion, maxOutput, maxNew int
 	stream, anthropic                           bool
@@ -89,9 +92,9 @@ func (p *parser) parse() Request {
 				p.skipValue()
 				break
 			}
-			start := p.pos
+			f.defs0 = p.pos
 			p.skipValue()
-			p.defs = appendValid(p.defs[:0], p.b[start:p.pos], p.eof)
+			f.defs1 = p.pos
 			f.defs = p.state()
 		case "instructions":
 			f.responses = true
@@ -218,8 +221,15 @@ func (p *parser) routingText(sys []byte, sysSt state, f *fields, conv []byte, co
 	if sysSt == absent && f.defs == absent {
 		return string(conv)
 	}
+	// The tools go into the text from the body, as written, when they are valid UTF-8 (they
+	// practically always are), else through appendValid.
+	defs := p.b[f.defs0:f.defs1]
+	if !utf8.Valid(defs) {
+		p.defs = appendValid(p.defs[:0], defs, f.defs == partial)
+		defs = p.defs
+	}
 	var sb strings.Builder
-	sb.Grow(len("system") + len(sys) + len("tools") + len(p.defs) + len(conv) + 4)
+	sb.Grow(len("system") + len(sys) + len("tools") + len(defs) + len(conv) + 4)
 	if sysSt != absent {
 		sb.WriteString("system")
 		sb.WriteByte(roleEnd)
@@ -232,7 +242,7 @@ func (p *parser) routingText(sys []byte, sysSt state, f *fields, conv []byte, co
 	if f.defs != absent {
 		sb.WriteString("tools")
 		sb.WriteByte(roleEnd)
-		sb.Write(p.defs)
+		sb.Write(defs)
 		if f.defs == partial {
 			return sb.String()
 		}
