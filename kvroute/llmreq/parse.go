@@ -262,6 +262,24 @@ func (p *parser) stringValue(buf []byte) ([]byte, state) {
 	return buf, p.state()
 }
 
+// word reads a short string value (a role, a type) and returns it without a copy when it is
+// ASCII without escapes, as such values are: a view of the body, capacity cut to its length;
+// else it unescapes it into *scratch, as str does. Any other value makes the field absent.
+// The view must not outlive the parse, nor be kept in the parser.
+func (p *parser) word(scratch *[]byte) ([]byte, state) {
+	if p.b[p.pos] != '"' {
+		p.skipValue()
+		return nil, absent
+	}
+	i := p.pos + 1
+	if j := plain(p.b, i); j < len(p.b) && p.b[j] == '"' {
+		p.pos = j + 1
+		return p.b[i:j:j], done
+	}
+	*scratch = p.str((*scratch)[:0])
+	return *scratch, p.state()
+}
+
 // tokens reads a token count: a whole number in [1, 2^31-1], as a JSON number or a string
 // holding one (Python servers coerce "12" to 12); 0 otherwise.
 func (p *parser) tokens() int {
@@ -427,8 +445,9 @@ func (p *parser) messages(dst []byte, f *fields) (_ []byte, objects bool) {
 func (p *parser) message(dst []byte, f *fields) []byte {
 	start := p.pos
 	p.enter()
-	role, content, tools := p.role[:0], p.content[:0], p.tools[:0]
-	typ, name, args, in := p.typ[:0], p.fname[:0], p.fargs[:0], p.fin[:0]
+	content, tools := p.content[:0], p.tools[:0]
+	name, args, in := p.fname[:0], p.fargs[:0], p.fin[:0]
+	var role, typ []byte // views: of the body, or of p.role and p.typ
 	output, summary := p.output[:0], p.summary[:0]
 	var roleSt, contentSt, toolsSt, typSt state
 	for first := true; ; first = false {
@@ -439,7 +458,7 @@ func (p *parser) message(dst []byte, f *fields) []byte {
 		switch string(key) {
 		case "role":
 			// A role that is not a string counts as the empty role.
-			role, roleSt = p.stringValue(role)
+			role, roleSt = p.word(&p.role)
 			if roleSt == absent && !p.stop() {
 				roleSt = done
 			}
@@ -450,7 +469,7 @@ func (p *parser) message(dst []byte, f *fields) []byte {
 			tools = p.toolCalls(tools[:0])
 			toolsSt = p.state()
 		case "type":
-			typ, typSt = p.stringValue(typ)
+			typ, typSt = p.word(&p.typ)
 		case "name":
 			name, _ = p.stringValue(name)
 		case "arguments": // function_call
@@ -468,8 +487,8 @@ func (p *parser) message(dst []byte, f *fields) []byte {
 			break
 		}
 	}
-	p.role, p.content, p.tools = role, content, tools
-	p.typ, p.fname, p.fargs, p.fin, p.output, p.summary = typ, name, args, in, output, summary
+	p.content, p.tools = content, tools
+	p.fname, p.fargs, p.fin, p.output, p.summary = name, args, in, output, summary
 	if p.bad {
 		return dst
 	}
@@ -477,7 +496,7 @@ func (p *parser) message(dst []byte, f *fields) []byte {
 		if p.eof {
 			return dst
 		}
-		return p.item(dst, start)
+		return p.item(dst, typ, start)
 	}
 	if p.eof && roleSt != done {
 		return dst
@@ -507,11 +526,11 @@ func (p *parser) message(dst []byte, f *fields) []byte {
 // the assistant's name(arguments), its output as a tool message, a reasoning item as role
 // "reasoning" with its summary and content texts; any other item (item_reference,
 // web_search_call, ...) as its type and the placeholder of its JSON.
-func (p *parser) item(dst []byte, start int) []byte {
-	switch string(p.typ) {
+func (p *parser) item(dst, typ []byte, start int) []byte {
+	switch string(typ) {
 	case "function_call", "custom_tool_call":
 		args := p.fargs
-		if string(p.typ) == "custom_tool_call" {
+		if string(typ) == "custom_tool_call" {
 			args = p.fin
 		}
 		dst = append(dst, "assistant"...)
@@ -533,7 +552,7 @@ func (p *parser) item(dst []byte, start int) []byte {
 		}
 		dst = append(dst, p.content...)
 	default:
-		dst = append(dst, p.typ...)
+		dst = append(dst, typ...)
 		dst = append(dst, roleEnd)
 		dst = appendPlaceholder(dst, p.b[start:p.pos])
 	}
@@ -614,9 +633,9 @@ func kindOf(typ []byte) partKind {
 
 // part appends the contribution of one content part, decided by its type: text parts their text,
 // Anthropic tool_use blocks name(input JSON), tool_result blocks their content's text, and any
-// other part (image, audio, file, document, thinking...) a placeholder: U+FFFC and the CRC-32C
-// of the part's JSON in 8 hex digits, so that different images do not look alike. A part without
-// a type is text when it has a text field, else a placeholder.
+// other part (image, audio, file, document, thinking...) a placeholder weighted by its size
+// (appendPlaceholder), so that different images do not look alike. A part without a type is
+// text when it has a text field, else a placeholder.
 func (p *parser) part(dst []byte, level int, f *fields) []byte {
 	start := p.pos
 	p.enter()
@@ -634,11 +653,8 @@ func (p *parser) part(dst []byte, level int, f *fields) []byte {
 		switch string(key) {
 		case "type":
 			kind = otherPart
-			if p.b[p.pos] == '"' {
-				p.num = p.str(p.num[:0])
-				kind = kindOf(p.num)
-			} else {
-				p.skipValue()
+			if typ, st := p.word(&p.num); st != absent {
+				kind = kindOf(typ)
 			}
 			kindSt = p.state()
 		case "text":
