@@ -17,10 +17,12 @@ func init() {
 	caddy.RegisterModule(new(LLMPrompt))
 }
 
-// LLMPrompt is the request matcher `llm_prompt`. It reads at most max_body bytes of the body,
-// restores the body byte for byte (bytes beyond the limit still stream through), and matches
-// when the body is an LLM request (OpenAI chat completions or completions, Anthropic messages,
-// SGLang generate) whose model fits one of the patterns, if any are given. What it extracts is
+// LLMPrompt is the request matcher `llm_prompt`. It reads at most max_body bytes of the body
+// (of decoded bytes, for a gzip or deflate body), restores the body byte for byte (bytes beyond
+// the limit still stream through), and matches when the body is an LLM request (OpenAI chat
+// completions, Responses or completions, Anthropic messages, SGLang generate) or carries a
+// prompt_cache_key (routed by session), and its model fits one of the patterns, if any are
+// given. What it extracts is
 // cached in the request for the kv_cache_aware policy and set as placeholders:
 // {http.vars.llm.model}, {http.vars.llm.session}, {http.vars.llm.prompt_chars},
 // {http.vars.llm.max_tokens}, {http.vars.llm.stream}, {http.vars.llm.format}.
@@ -73,7 +75,7 @@ func (m *LLMPrompt) MatchWithError(r *http.Request) (bool, error) {
 			ce.Write(zap.Error(lr.err))
 		}
 	}
-	if lr.Format == llmreq.None {
+	if lr.Format == llmreq.None && lr.Session == "" {
 		return false, nil
 	}
 	if len(m.Models) == 0 {

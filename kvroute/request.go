@@ -62,7 +62,7 @@ func requestFor(r *http.Request, maxBody int64) *llmRequest {
 		lr.body = llmreq.Held(r)
 		lr.err = err
 		if len(prefix) > 0 {
-			lr.Request = llmreq.Parse(prefix, truncated || err != nil)
+			lr.Request = extract(r, prefix, truncated || err != nil, maxBody)
 		}
 	}
 	lr.Model = boundKey(lr.Model, maxModelLen)
@@ -89,7 +89,7 @@ func attemptFor(r *http.Request, maxBody int64) *llmRequest {
 		// A body longer than what is held drops its bytes once they are sent on: the retry
 		// then routes without text (and its body fails anyway).
 		if prefix, truncated := lr.body.Prefix(lr.maxBody); len(prefix) > 0 {
-			lr.Text = llmreq.Parse(prefix, truncated || lr.err != nil).Text
+			lr.Text = extract(r, prefix, truncated || lr.err != nil, lr.maxBody).Text
 		}
 	}
 	return lr
@@ -102,6 +102,18 @@ func (lr *llmRequest) placed() {
 	if lr.body != nil {
 		lr.Text = ""
 	}
+}
+
+// extract parses the first bytes of the request's body as the API its path and headers name,
+// decoding a gzip or deflate body first (at most maxBody decoded bytes; the body forwarded is
+// the one the client sent). An encoding it cannot decode leaves the request without routing
+// text.
+func extract(r *http.Request, prefix []byte, truncated bool, maxBody int64) llmreq.Request {
+	body, truncated, err := llmreq.Decode(prefix, truncated, r.Header.Get("Content-Encoding"), maxBody)
+	if err != nil {
+		return llmreq.Request{}
+	}
+	return llmreq.ParseAs(body, truncated, llmreq.Hint(r))
 }
 
 // hasVars reports whether the request carries Caddy's vars map (requests made outside a Caddy

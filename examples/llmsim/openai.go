@@ -29,6 +29,7 @@ type apiMessage struct {
 // job is a parsed request: what the simulation needs.
 type job struct {
 	chat         bool
+	responses    bool // an OpenAI Responses request (chat is false)
 	model        string
 	text         string // the prompt text the cache sees
 	maxTokens    int
@@ -99,11 +100,132 @@ func contentText(raw json.RawMessage) (string, error) {
 	}
 	var sb strings.Builder
 	for _, p := range parts {
-		if p.Type == "text" {
+		switch p.Type {
+		case "text", "input_text", "output_text": // chat; Responses
 			sb.WriteString(p.Text)
 		}
 	}
 	return sb.String(), nil
+}
+
+// responsesRequest is the part of an OpenAI Responses request the simulator reads.
+type responsesRequest struct {
+	Model           string          `json:"model"`
+	Instructions    string          `json:"instructions"`
+	Tools           json.RawMessage `json:"tools"`
+	Input           json.RawMessage `json:"input"`
+	MaxOutputTokens *int            `json:"max_output_tokens"`
+	Stream          bool            `json:"stream"`
+}
+
+// responsesItem is an input item: a message, a function call or a function call's output.
+type responsesItem struct {
+	Type      string          `json:"type"`
+	Role      string          `json:"role"`
+	Content   json.RawMessage `json:"content"`
+	Name      string          `json:"name"`
+	Arguments string          `json:"arguments"`
+	Output    json.RawMessage `json:"output"`
+}
+
+// parseResponsesJob decodes a Responses request body into the messages a chat template would
+// render: the instructions as a system message, the tools, then the input (a string is one user
+// message; function calls and outputs read as assistant and tool messages; reasoning items, which
+// engines do not prefill again, are left out).
+func parseResponsesJob(body []byte, defaultMaxTokens int) (job, error) {
+	var req responsesRequest
+	if err := json.Unmarshal(body, &req); err != nil {
+		return job{}, fmt.Errorf("invalid JSON body: %w", err)
+	}
+	j := job{responses: true, model: req.Model, stream: req.Stream, maxTokens: defaultMaxTokens}
+	if req.MaxOutputTokens != nil {
+		j.maxTokens = *req.MaxOutputTokens
+	}
+	if j.maxTokens < 1 {
+		return job{}, errors.New("max_output_tokens must be at least 1")
+	}
+	var msgs []Message
+	if req.Instructions != "" {
+		msgs = append(msgs, Message{Role: "system", Content: req.Instructions})
+	}
+	if tools := bytes.TrimSpace(req.Tools); len(tools) > 0 && !bytes.Equal(tools, []byte("null")) {
+		msgs = append(msgs, Message{Role: "tools", Content: string(tools)})
+	}
+	input := bytes.TrimSpace(req.Input)
+	switch {
+	case len(input) > 0 && input[0] == '"':
+		var s string
+		if err := json.Unmarshal(input, &s); err != nil {
+			return job{}, fmt.Errorf("input: %w", err)
+		}
+		msgs = append(msgs, Message{Role: "user", Content: s})
+	case len(input) > 0 && input[0] == '[':
+		var items []responsesItem
+		if err := json.Unmarshal(input, &items); err != nil {
+			return job{}, errors.New("input: must be a string or an array of input items")
+		}
+		for i, it := range items {
+			switch it.Type {
+			case "", "message":
+				text, err := contentText(it.Content)
+				if err != nil {
+					return job{}, fmt.Errorf("input[%d].content: %w", i, err)
+				}
+				msgs = append(msgs, Message{Role: it.Role, Content: text})
+			case "function_call":
+				msgs = append(msgs, Message{Role: "assistant", Content: it.Name + "(" + it.Arguments + ")"})
+			case "function_call_output":
+				text, err := contentText(it.Output)
+				if err != nil {
+					return job{}, fmt.Errorf("input[%d].output: %w", i, err)
+				}
+				msgs = append(msgs, Message{Role: "tool", Content: text})
+			}
+		}
+	default:
+		return job{}, errors.New("input: a string or an array of input items is required")
+	}
+	j.text = ChatText(msgs)
+	return j, nil
+}
+
+// responsesResponse is a Responses API response object, with the usage fields clients read.
+type responsesResponse struct {
+	ID        string           `json:"id"`
+	Object    string           `json:"object"`
+	CreatedAt int64            `json:"created_at"`
+	Status    string           `json:"status"`
+	Model     string           `json:"model"`
+	Output    []responsesOut   `json:"output"`
+	Usage     *responsesUsage  `json:"usage,omitempty"`
+	Details   *incompleteCause `json:"incomplete_details"`
+}
+
+type responsesOut struct {
+	Type    string            `json:"type"`
+	ID      string            `json:"id"`
+	Status  string            `json:"status"`
+	Role    string            `json:"role"`
+	Content []responsesOutput `json:"content"`
+}
+
+type responsesOutput struct {
+	Type        string `json:"type"`
+	Text        string `json:"text"`
+	Annotations []any  `json:"annotations"`
+}
+
+type incompleteCause struct {
+	Reason string `json:"reason"`
+}
+
+type responsesUsage struct {
+	InputTokens        int `json:"input_tokens"`
+	InputTokensDetails struct {
+		CachedTokens int `json:"cached_tokens"`
+	} `json:"input_tokens_details"`
+	OutputTokens int `json:"output_tokens"`
+	TotalTokens  int `json:"total_tokens"`
 }
 
 // promptText returns a completions prompt: a string, or an array of strings joined by newlines.

@@ -46,6 +46,7 @@ func New(cfg Config) *Server {
 	s.mux.HandleFunc("POST /v1/completions", func(w http.ResponseWriter, r *http.Request) {
 		s.serveGenerate(w, r, false)
 	})
+	s.mux.HandleFunc("POST /v1/responses", s.serveResponses)
 	s.mux.HandleFunc("GET /v1/models", s.serveModels)
 	s.mux.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) {})
 	s.mux.HandleFunc("GET /metrics", s.serveMetrics)
@@ -110,17 +111,10 @@ func (s *Server) serveModels(w http.ResponseWriter, r *http.Request) {
 	})
 }
 
-// serveGenerate runs one request through the simulation: queue, prefix cache lookup, prefill,
-// cache insert, decode.
+// serveGenerate runs one chat (chat == true) or completions request through the simulation.
 func (s *Server) serveGenerate(w http.ResponseWriter, r *http.Request, chat bool) {
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.cfg.MaxBodyBytes))
-	if err != nil {
-		var tooLarge *http.MaxBytesError
-		if errors.As(err, &tooLarge) {
-			writeError(w, http.StatusRequestEntityTooLarge, err.Error())
-			return
-		}
-		writeError(w, http.StatusBadRequest, "reading body: "+err.Error())
+	body, ok := s.readBody(w, r)
+	if !ok {
 		return
 	}
 	j, err := parseJob(body, chat, s.cfg.DefaultMaxTokens)
@@ -128,6 +122,41 @@ func (s *Server) serveGenerate(w http.ResponseWriter, r *http.Request, chat bool
 		writeError(w, http.StatusBadRequest, err.Error())
 		return
 	}
+	s.run(w, r, j)
+}
+
+// serveResponses runs one OpenAI Responses request through the simulation. The simulator keeps
+// no responses: previous_response_id is not followed, so only the input sent is prefilled.
+func (s *Server) serveResponses(w http.ResponseWriter, r *http.Request) {
+	body, ok := s.readBody(w, r)
+	if !ok {
+		return
+	}
+	j, err := parseResponsesJob(body, s.cfg.DefaultMaxTokens)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, err.Error())
+		return
+	}
+	s.run(w, r, j)
+}
+
+// readBody reads a request body of at most MaxBodyBytes, answering the error when it cannot.
+func (s *Server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, bool) {
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.cfg.MaxBodyBytes))
+	if err != nil {
+		var tooLarge *http.MaxBytesError
+		if errors.As(err, &tooLarge) {
+			writeError(w, http.StatusRequestEntityTooLarge, err.Error())
+			return nil, false
+		}
+		writeError(w, http.StatusBadRequest, "reading body: "+err.Error())
+		return nil, false
+	}
+	return body, true
+}
+
+// run takes a parsed request through queue, prefix cache lookup, prefill, cache insert, decode.
+func (s *Server) run(w http.ResponseWriter, r *http.Request, j job) {
 	if j.model != "" && j.model != s.cfg.Model {
 		writeError(w, http.StatusNotFound, fmt.Sprintf("The model `%s` does not exist.", j.model))
 		return
@@ -161,14 +190,19 @@ func (s *Server) serveGenerate(w http.ResponseWriter, r *http.Request, chat bool
 	h.Set(HeaderPromptTokens, strconv.Itoa(p.Tokens))
 	g := generation{
 		job:   j,
-		id:    s.responseID(chat),
+		id:    s.responseID(j),
 		reply: replyText(uint64(p.Tokens)^uint64(len(j.text))<<32, j.maxTokens),
 		usage: usage,
 		clock: clock,
 	}
-	if j.stream {
+	switch {
+	case j.responses && j.stream:
+		ok = s.streamResponses(ctx, w, g)
+	case j.responses:
+		ok = s.respondResponses(ctx, w, g)
+	case j.stream:
 		ok = s.stream(ctx, w, g)
-	} else {
+	default:
 		ok = s.respond(ctx, w, g)
 	}
 	if ok {
@@ -205,10 +239,13 @@ type generation struct {
 	clock *sleeper
 }
 
-func (s *Server) responseID(chat bool) string {
+func (s *Server) responseID(j job) string {
 	prefix := "cmpl-"
-	if chat {
+	switch {
+	case j.chat:
 		prefix = "chatcmpl-"
+	case j.responses:
+		prefix = "resp_"
 	}
 	return prefix + s.cfg.Name + "-" + strconv.FormatUint(s.seq.Add(1), 10)
 }
@@ -231,6 +268,73 @@ func (s *Server) respond(ctx context.Context, w http.ResponseWriter, g generatio
 	resp.Choices = []choice{c}
 	writeJSON(w, http.StatusOK, resp)
 	return true
+}
+
+// responsesObject is the Responses API object of a finished generation (status "incomplete":
+// the simulator always stops at the output budget, as finish_reason "length" says for chat).
+func (s *Server) responsesObject(g generation, status string, text string) responsesResponse {
+	resp := responsesResponse{ID: g.id, Object: "response", CreatedAt: time.Now().Unix(), Status: status, Model: s.cfg.Model,
+		Output: []responsesOut{{Type: "message", ID: "msg_" + g.id, Status: status, Role: "assistant",
+			Content: []responsesOutput{{Type: "output_text", Text: text, Annotations: []any{}}}}}}
+	if status == "incomplete" {
+		u := &responsesUsage{InputTokens: g.usage.PromptTokens, OutputTokens: g.usage.CompletionTokens, TotalTokens: g.usage.TotalTokens}
+		u.InputTokensDetails.CachedTokens = g.usage.PromptTokensDetails.CachedTokens
+		resp.Usage, resp.Details = u, &incompleteCause{Reason: "max_output_tokens"}
+	}
+	return resp
+}
+
+// respondResponses waits for the whole decode, then writes one Responses object.
+func (s *Server) respondResponses(ctx context.Context, w http.ResponseWriter, g generation) bool {
+	if !g.clock.sleep(ctx, s.cfg.scaled(time.Duration(g.maxTokens-1)*s.cfg.DecodePerToken)) {
+		return false
+	}
+	writeJSON(w, http.StatusOK, s.responsesObject(g, "incomplete", g.reply))
+	return true
+}
+
+// streamResponses sends the reply as the Responses API's server-sent events: response.created,
+// response.output_text.delta events paced as stream paces chat chunks, response.completed's
+// counterpart for a reply cut at the budget (response.incomplete) with the usage.
+func (s *Server) streamResponses(ctx context.Context, w http.ResponseWriter, g generation) bool {
+	rc := http.NewResponseController(w)
+	h := w.Header()
+	h.Set("Content-Type", "text/event-stream")
+	h.Set("Cache-Control", "no-cache")
+	w.WriteHeader(http.StatusOK)
+	seq := 0
+	send := func(event string, v map[string]any) bool {
+		v["type"], v["sequence_number"] = event, seq
+		seq++
+		b, err := json.Marshal(v)
+		if err != nil {
+			return false
+		}
+		if _, err := fmt.Fprintf(w, "event: %s\ndata: %s\n\n", event, b); err != nil {
+			return false
+		}
+		return rc.Flush() == nil
+	}
+	if !send("response.created", map[string]any{"response": s.responsesObject(g, "in_progress", "")}) {
+		return false
+	}
+	perToken := s.cfg.scaled(s.cfg.DecodePerToken)
+	group := 1
+	if perToken > 0 && s.cfg.MinEventInterval > perToken {
+		group = int((s.cfg.MinEventInterval + perToken - 1) / perToken)
+	}
+	start := time.Now()
+	for sent, next := 0, 1; sent < g.maxTokens; next = min(sent+group, g.maxTokens) {
+		if !g.clock.sleep(ctx, time.Until(start.Add(time.Duration(next-1)*perToken))) {
+			return false
+		}
+		delta := g.reply[sent*CharsPerToken : next*CharsPerToken]
+		if !send("response.output_text.delta", map[string]any{"item_id": "msg_" + g.id, "output_index": 0, "content_index": 0, "delta": delta}) {
+			return false
+		}
+		sent = next
+	}
+	return send("response.incomplete", map[string]any{"response": s.responsesObject(g, "incomplete", g.reply)})
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {

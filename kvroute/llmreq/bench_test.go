@@ -89,6 +89,49 @@ func chatBody(size int, anthropic bool) []byte {
 	}
 }
 
+// responsesBody returns an OpenAI Responses body of about size bytes, as the OpenAI SDK writes
+// it: instructions, six function tools with JSON Schema parameters (some 4 KB), then user
+// messages and assistant output_text messages in turn.
+func responsesBody(size int) []byte {
+	r := rand.New(rand.NewPCG(uint64(size), 9))
+	type item struct {
+		Type    string `json:"type,omitempty"`
+		Role    string `json:"role"`
+		Content any    `json:"content"`
+	}
+	type part struct {
+		Type        string `json:"type"`
+		Text        string `json:"text"`
+		Annotations []any  `json:"annotations"`
+	}
+	var tools []any
+	for i := range 6 {
+		tools = append(tools, map[string]any{
+			"type": "function", "name": fmt.Sprintf("tool_%d", i), "description": prose(r, 300), "strict": false,
+			"parameters": map[string]any{"type": "object", "required": []string{"query"}, "properties": map[string]any{
+				"query": map[string]any{"type": "string", "description": prose(r, 80)},
+				"limit": map[string]any{"type": "integer", "minimum": 1, "maximum": 100},
+				"mode":  map[string]any{"type": "string", "enum": []string{"fast", "exact", "fuzzy"}},
+			}},
+		})
+	}
+	body := map[string]any{"model": "gpt-4.1", "instructions": prose(r, 600), "tools": tools, "max_output_tokens": 512, "stream": true}
+	var input []item
+	for i := 0; ; i++ {
+		text := prose(r, 200+r.IntN(1200))
+		if i%2 == 0 {
+			input = append(input, item{Role: "user", Content: text})
+		} else {
+			input = append(input, item{Type: "message", Role: "assistant", Content: []part{{"output_text", text, []any{}}}})
+		}
+		body["input"] = input
+		b, _ := json.Marshal(body)
+		if len(b) >= size {
+			return b
+		}
+	}
+}
+
 func BenchmarkParse(b *testing.B) {
 	r := rand.New(rand.NewPCG(1, 2))
 	completion, _ := json.Marshal(map[string]any{"model": "m", "prompt": prose(r, 64<<10), "max_tokens": 16})
@@ -102,6 +145,7 @@ func BenchmarkParse(b *testing.B) {
 		{"chat/64KiB-truncated", chatBody(128<<10, false)[:64<<10], true},
 		{"anthropic/64KiB", chatBody(64<<10, true), false},
 		{"completion/64KiB", completion, false},
+		{"responses-tools/64KiB", responsesBody(64 << 10), false},
 	} {
 		if Parse(bm.body, bm.truncated).Format == None {
 			b.Fatalf("%s: not parsed", bm.name)

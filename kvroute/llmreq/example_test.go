@@ -58,3 +58,29 @@ func ExampleReadBody() {
 	// openai_completion "m" "Once" truncated=true
 	// {"model":"m","prompt":"Once upon a time"}
 }
+
+func ExampleParseAs() {
+	// A Responses turn as the OpenAI SDK sends it, posted to /v1/responses: instructions, the
+	// tool definitions as sent, then the input items in order.
+	body := `{"model":"gpt-4.1","instructions":"Be brief.","tools":[{"type":"function","name":"weather"}],` +
+		`"input":[{"role":"user","content":"Weather in Paris?"},` +
+		`{"type":"function_call","call_id":"c1","name":"weather","arguments":"{\"city\":\"Paris\"}"},` +
+		`{"type":"function_call_output","call_id":"c1","output":"sunny"}],"max_output_tokens":64}`
+	r, _ := http.NewRequest(http.MethodPost, "http://upstream/v1/responses", strings.NewReader(body))
+	prefix, truncated, err := llmreq.ReadBody(r, 1<<20)
+	if err != nil {
+		return
+	}
+	req := llmreq.ParseAs(prefix, truncated, llmreq.Hint(r))
+	fmt.Println(req.Format, req.Model, req.MaxTokens)
+	for _, m := range strings.Split(strings.TrimSuffix(req.Text, "\x1e"), "\x1e") {
+		fmt.Printf("%q\n", m)
+	}
+	// Output:
+	// openai_responses gpt-4.1 64
+	// "system\x1fBe brief."
+	// "tools\x1f[{\"type\":\"function\",\"name\":\"weather\"}]"
+	// "user\x1fWeather in Paris?"
+	// "assistant\x1fweather({\"city\":\"Paris\"})"
+	// "tool\x1fsunny"
+}

@@ -13,23 +13,28 @@ import (
 
 func FuzzParse(f *testing.F) {
 	for _, tt := range parseTests {
-		f.Add([]byte(tt.body), len(tt.body)/2)
+		f.Add([]byte(tt.body), len(tt.body)/2, uint8(None))
 	}
 	for _, tt := range truncatedTests {
-		f.Add([]byte(tt.body), len(tt.body))
+		f.Add([]byte(tt.body), len(tt.body), uint8(None))
 	}
 	for _, body := range prefixBodies {
-		f.Add([]byte(body), len(body)/3)
+		f.Add([]byte(body), len(body)/3, uint8(None))
 	}
-	f.Fuzz(func(t *testing.T, body []byte, cut int) {
-		full := Parse(body, false)
+	for _, tt := range sdkTests {
+		body := sdkBody(f, tt.file)
+		f.Add(body, len(body)/2, uint8(tt.hint))
+	}
+	f.Fuzz(func(t *testing.T, body []byte, cut int, h uint8) {
+		hint := Format(h % uint8(len(formatNames)))
+		full := ParseAs(body, false, hint)
 		if full.Truncated || !utf8.ValidString(full.Text) || len(full.Text) > 4*len(body) {
 			t.Fatalf("Parse(%q) = %s", body, show(full))
 		}
 		if full.Format == None && full.Text != "" {
 			t.Fatalf("Parse(%q) = %s: text without a format", body, show(full))
 		}
-		ref, ok := refParse(body)
+		ref, ok := refParseAs(body, hint)
 		dups, late := keyOrder(body)
 		if ok && !dups && ref != full {
 			t.Fatalf("Parse(%q)\n got %s\n ref %s", body, show(full), show(ref))
@@ -38,7 +43,7 @@ func FuzzParse(f *testing.F) {
 		if cut < 0 || cut > len(body) {
 			cut = len(body) / 2
 		}
-		part := Parse(body[:cut], true)
+		part := ParseAs(body[:cut], true, hint)
 		if !utf8.ValidString(part.Text) || len(part.Text) > 4*cut {
 			t.Fatalf("Parse(%q, true) = %s", body[:cut], show(part))
 		}

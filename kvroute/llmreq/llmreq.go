@@ -3,7 +3,9 @@ package llmreq
 import (
 	"encoding/binary"
 	"math/bits"
+	"net/http"
 	"strconv"
+	"strings"
 	"sync"
 )
 
@@ -15,7 +17,8 @@ const (
 	Chat                     // OpenAI /v1/chat/completions (messages)
 	Messages                 // Anthropic /v1/messages (messages + system, or Anthropic-only fields)
 	Completion               // OpenAI /v1/completions (prompt)
-	Generate                 // SGLang /generate (text)
+	Generate                 // SGLang /generate (text or input_ids)
+	Responses                // OpenAI /v1/responses (instructions, tools, input)
 )
 
 var formatNames = [...]string{
@@ -24,6 +27,7 @@ var formatNames = [...]string{
 	Messages:   "anthropic_messages",
 	Completion: "openai_completion",
 	Generate:   "sglang_generate",
+	Responses:  "openai_responses",
 }
 
 func (f Format) String() string {
@@ -45,8 +49,9 @@ type Request struct {
 	// Session is the body field prompt_cache_key (OpenAI); "" when absent. It is kept whole,
 	// however long: the caller bounds it.
 	Session string
-	// MaxTokens is max_completion_tokens, else max_tokens, else SGLang's
-	// sampling_params.max_new_tokens; 0 when absent or not a whole number in [1, 2^31-1].
+	// MaxTokens is max_completion_tokens, else max_tokens, else max_output_tokens (Responses),
+	// else SGLang's sampling_params.max_new_tokens; 0 when absent or not a whole number in
+	// [1, 2^31-1].
 	MaxTokens int
 	// Stream is the body's stream field (false unless it is true).
 	Stream bool
@@ -69,9 +74,19 @@ type Request struct {
 //
 // Parse never panics, runs in one pass, and its output is at most 4 times len(body) bytes.
 func Parse(body []byte, truncated bool) Request {
+	return ParseAs(body, truncated, None)
+}
+
+// ParseAs is Parse for a body sent to the API hint names, as Hint tells it from the request's
+// path and headers: Messages labels a chat body Messages (an Anthropic body may have no field
+// only Anthropic has), Responses reads an input that no Responses-only field tells from the
+// input of embeddings. The fields still decide: a body with messages is a chat body whatever
+// the hint. Other hints change nothing.
+func ParseAs(body []byte, truncated bool, hint Format) Request {
 	p := parsers.Get().(*parser)
 	defer p.release()
 	p.scanner = scanner{b: body, trunc: truncated, key: p.key}
+	p.hint = hint
 	r := p.parse()
 	r.Runes = countRunes(r.Text)
 	return r
@@ -108,7 +123,8 @@ func (p *parser) release() {
 	p.scanner.b = nil
 	for _, b := range []*[]byte{
 		&p.key, &p.model, &p.session, &p.num, &p.role, &p.content, &p.tools, &p.name, &p.args,
-		&p.msgs, &p.sys, &p.prompt, &p.text,
+		&p.typ, &p.fname, &p.fargs, &p.fin, &p.output, &p.summary,
+		&p.msgs, &p.sys, &p.prompt, &p.text, &p.defs, &p.instr, &p.input, &p.ids,
 		&p.lv[0].name, &p.lv[0].nested, &p.lv[1].name, &p.lv[1].nested,
 	} {
 		if cap(*b) > keepScratch {
@@ -118,4 +134,18 @@ func (p *parser) release() {
 		}
 	}
 	parsers.Put(p)
+}
+
+// Hint tells the API a request is sent to from its path and headers, for ParseAs: Messages for
+// a path ending in /v1/messages or a request with an anthropic-version header (Anthropic's
+// SDKs send it), Responses for a path ending in /v1/responses, None otherwise.
+func Hint(r *http.Request) Format {
+	path := strings.TrimSuffix(r.URL.Path, "/")
+	switch {
+	case strings.HasSuffix(path, "/v1/messages") || r.Header.Get("anthropic-version") != "":
+		return Messages
+	case strings.HasSuffix(path, "/v1/responses"):
+		return Responses
+	}
+	return None
 }

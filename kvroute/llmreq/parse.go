@@ -5,6 +5,7 @@ import (
 	"math"
 	"strconv"
 	"strings"
+	"unicode/utf8"
 )
 
 // The routing text's separators (see the package documentation). JSON strings must escape
@@ -23,20 +24,31 @@ var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 type parser struct {
 	scanner
 
+	hint Format // what the request's path or headers say it is (None: nothing)
+
 	// Scratch buffers, reused across calls through the pool.
 	model, session, num     []byte
 	role, content, tools    []byte // the message being read
+	typ, fname, fargs, fin  []byte // the Responses input item being read
+	output, summary         []byte // ... its output (function_call_output) or summary (reasoning)
 	name, args              []byte // the tool call being read
 	msgs, sys, prompt, text []byte // top-level routing fields
+	defs, instr, input, ids []byte // tools definitions, Responses instructions and input, input_ids
 	lv                      [partLevels]struct{ name, nested []byte }
 }
 
 // fields is what parse collects from the top-level object.
 type fields struct {
 	model, session, msgs, sys, prompt, text state
+	defs, instr, input, ids                 state
 
-	maxTokens, maxCompletion, maxNew int
-	stream, anthropic                bool
+	defs0, defs1 int // where the tools definitions are in the body
+
+	maxTokens, maxCompletion, maxOutput, maxNew int
+	stream, anthropic                           bool
+	// responses says a field only the Responses API has was seen; items, that input holds an
+	// object (an input item). Either tells input from the input of embeddings or moderations.
+	responses, items bool
 }
 
 func (p *parser) parse() Request {
@@ -62,7 +74,7 @@ func (p *parser) parse() Request {
 				p.skipValue()
 				break
 			}
-			p.msgs = p.messages(p.msgs[:0], &f)
+			p.msgs, _ = p.messages(p.msgs[:0], &f)
 			f.msgs = p.state()
 		case "system":
 			f.sys = absent
@@ -72,6 +84,45 @@ func (p *parser) parse() Request {
 			}
 			p.sys = p.contentValue(p.sys[:0], 0, &f)
 			f.sys = p.state()
+		case "tools":
+			// The definitions as sent: chat templates render them, and the model reads them,
+			// ahead of the conversation.
+			f.defs = absent
+			if c != '[' {
+				p.skipValue()
+				break
+			}
+			f.defs0 = p.pos
+			p.skipValue()
+			f.defs1 = p.pos
+			f.defs = p.state()
+		case "instructions":
+			f.responses = true
+			p.instr, f.instr = p.stringValue(p.instr)
+		case "input":
+			f.input = absent
+			switch c {
+			case '"':
+				// A string input is one user message.
+				p.input = append(append(p.input[:0], "user"...), roleEnd)
+				p.input = p.str(p.input)
+				if f.input = p.state(); f.input == done {
+					p.input = append(p.input, messageEnd)
+				}
+			case '[':
+				p.input, f.items = p.messages(p.input[:0], &f)
+				f.input = p.state()
+			default:
+				p.skipValue()
+			}
+		case "max_output_tokens":
+			f.responses = true
+			f.maxOutput = p.tokens()
+		case "previous_response_id", "reasoning", "include", "conversation", "truncation", "max_tool_calls":
+			f.responses = true
+			p.skipValue()
+		case "input_ids":
+			p.ids, f.ids = p.promptValue(p.ids[:0])
 		case "prompt":
 			p.prompt, f.prompt = p.promptValue(p.prompt[:0])
 		case "text":
@@ -117,44 +168,87 @@ func (p *parser) parse() Request {
 		req.MaxTokens = f.maxCompletion
 	case f.maxTokens > 0:
 		req.MaxTokens = f.maxTokens
+	case f.maxOutput > 0:
+		req.MaxTokens = f.maxOutput
 	default:
 		req.MaxTokens = f.maxNew
 	}
 	req.Stream = f.stream
+	responses := p.hint == Responses || f.responses || f.items
 	switch {
 	case f.msgs != absent || p.trunc && f.sys != absent:
-		req.Format = Chat
-		if f.anthropic || f.sys != absent {
-			req.Format = Messages
+		req.Format = p.chatFormat(&f)
+		req.Text = p.routingText(p.sys, f.sys, &f, p.msgs, f.msgs)
+	case responses && (f.input != absent || f.instr != absent):
+		req.Format = Responses
+		req.Text = p.routingText(p.instr, f.instr, &f, p.input, f.input)
+	case p.trunc && f.defs != absent:
+		// Cut with only tool definitions read: the conversation comes after them.
+		if req.Format = p.chatFormat(&f); responses {
+			req.Format = Responses
 		}
-		req.Text = p.chatText(&f)
+		req.Text = p.routingText(nil, absent, &f, nil, absent)
 	case f.prompt != absent:
 		req.Format = Completion
 		req.Text = string(p.prompt)
 	case f.text != absent:
 		req.Format = Generate
 		req.Text = string(p.text)
+	case f.ids != absent:
+		req.Format = Generate
+		req.Text = string(p.ids)
 	}
 	return req
 }
 
-// chatText joins Anthropic's system, serialized as a system message, and the messages.
-func (p *parser) chatText(f *fields) string {
-	if f.sys == absent {
-		return string(p.msgs)
+// chatFormat tells Anthropic messages from OpenAI chat: by the fields only Anthropic has, else
+// by the path or headers (an Anthropic body may have neither system nor tool blocks).
+func (p *parser) chatFormat(f *fields) Format {
+	if f.anthropic || f.sys != absent || p.hint == Messages {
+		return Messages
+	}
+	return Chat
+}
+
+// routingText joins what comes ahead of the conversation, a system prompt (Anthropic's system,
+// the Responses instructions) serialized as a system message and the tool definitions as a
+// message with role "tools", and the conversation (messages or input). A field the body ends
+// inside ends the text: everything after it in the text comes after it in the body.
+func (p *parser) routingText(sys []byte, sysSt state, f *fields, conv []byte, convSt state) string {
+	if convSt == absent {
+		conv = nil
+	}
+	if sysSt == absent && f.defs == absent {
+		return string(conv)
+	}
+	// The tools go into the text from the body, as written, when they are valid UTF-8 (they
+	// practically always are), else through appendValid.
+	defs := p.b[f.defs0:f.defs1]
+	if !utf8.Valid(defs) {
+		p.defs = appendValid(p.defs[:0], defs, f.defs == partial)
+		defs = p.defs
 	}
 	var sb strings.Builder
-	sb.Grow(len("system") + len(p.sys) + len(p.msgs) + 2)
-	sb.WriteString("system")
-	sb.WriteByte(roleEnd)
-	sb.Write(p.sys)
-	if f.sys == done {
-		// A system cut short must end the text: the messages come after all of it.
-		sb.WriteByte(messageEnd)
-		if f.msgs != absent {
-			sb.Write(p.msgs)
+	sb.Grow(len("system") + len(sys) + len("tools") + len(defs) + len(conv) + 4)
+	if sysSt != absent {
+		sb.WriteString("system")
+		sb.WriteByte(roleEnd)
+		sb.Write(sys)
+		if sysSt == partial {
+			return sb.String()
 		}
+		sb.WriteByte(messageEnd)
 	}
+	if f.defs != absent {
+		sb.WriteString("tools")
+		sb.WriteByte(roleEnd)
+		sb.Write(defs)
+		if f.defs == partial {
+			return sb.String()
+		}
+		sb.WriteByte(messageEnd)
+	}
+	sb.Write(conv)
 	return sb.String()
 }
 
@@ -166,6 +260,24 @@ func (p *parser) stringValue(buf []byte) ([]byte, state) {
 	}
 	buf = p.str(buf[:0])
 	return buf, p.state()
+}
+
+// word reads a short string value (a role, a type) and returns it without a copy when it is
+// ASCII without escapes, as such values are: a view of the body, capacity cut to its length;
+// else it unescapes it into *scratch, as str does. Any other value makes the field absent.
+// The view must not outlive the parse, nor be kept in the parser.
+func (p *parser) word(scratch *[]byte) ([]byte, state) {
+	if p.b[p.pos] != '"' {
+		p.skipValue()
+		return nil, absent
+	}
+	i := p.pos + 1
+	if j := plain(p.b, i); j < len(p.b) && p.b[j] == '"' {
+		p.pos = j + 1
+		return p.b[i:j:j], done
+	}
+	*scratch = p.str((*scratch)[:0])
+	return *scratch, p.state()
 }
 
 // tokens reads a token count: a whole number in [1, 2^31-1], as a JSON number or a string
@@ -305,11 +417,13 @@ func (p *parser) tokenList(dst []byte) []byte {
 	return dst
 }
 
-// messages appends the routing text of a messages array.
-func (p *parser) messages(dst []byte, f *fields) []byte {
+// messages appends the routing text of a messages array, or of a Responses input array, and
+// reports whether it holds an object.
+func (p *parser) messages(dst []byte, f *fields) (_ []byte, objects bool) {
 	p.enter()
 	for first := true; p.element(first); first = false {
 		if p.b[p.pos] == '{' {
+			objects = true
 			dst = p.message(dst, f)
 		} else {
 			p.skipValue()
@@ -318,17 +432,24 @@ func (p *parser) messages(dst []byte, f *fields) []byte {
 			break
 		}
 	}
-	return dst
+	return dst, objects
 }
 
 // message appends role, roleEnd, content, a newline and the tool calls (when both are
 // non-empty), and messageEnd. Keys may come in any order, so the parts are gathered first.
 // When the body ends inside the message, it appends the longest part of that serialization
 // that no later byte can change.
+//
+// A Responses input item without a role whose type is not "message" is written by item
+// instead, and only once it is read whole: its type, which may come last, decides its text.
 func (p *parser) message(dst []byte, f *fields) []byte {
+	start := p.pos
 	p.enter()
-	role, content, tools := p.role[:0], p.content[:0], p.tools[:0]
-	var roleSt, contentSt, toolsSt state
+	content, tools := p.content[:0], p.tools[:0]
+	name, args, in := p.fname[:0], p.fargs[:0], p.fin[:0]
+	var role, typ []byte // views: of the body, or of p.role and p.typ
+	output, summary := p.output[:0], p.summary[:0]
+	var roleSt, contentSt, toolsSt, typSt state
 	for first := true; ; first = false {
 		key, ok := p.member(first)
 		if !ok {
@@ -337,7 +458,7 @@ func (p *parser) message(dst []byte, f *fields) []byte {
 		switch string(key) {
 		case "role":
 			// A role that is not a string counts as the empty role.
-			role, roleSt = p.stringValue(role)
+			role, roleSt = p.word(&p.role)
 			if roleSt == absent && !p.stop() {
 				roleSt = done
 			}
@@ -347,6 +468,18 @@ func (p *parser) message(dst []byte, f *fields) []byte {
 		case "tool_calls":
 			tools = p.toolCalls(tools[:0])
 			toolsSt = p.state()
+		case "type":
+			typ, typSt = p.word(&p.typ)
+		case "name":
+			name, _ = p.stringValue(name)
+		case "arguments": // function_call
+			args = p.rawOrString(args[:0])
+		case "input": // custom_tool_call
+			in = p.rawOrString(in[:0])
+		case "output":
+			output = p.contentValue(output[:0], 0, f)
+		case "summary":
+			summary = p.contentValue(summary[:0], 0, f)
 		default:
 			p.skipValue()
 		}
@@ -354,9 +487,16 @@ func (p *parser) message(dst []byte, f *fields) []byte {
 			break
 		}
 	}
-	p.role, p.content, p.tools = role, content, tools
+	p.content, p.tools = content, tools
+	p.fname, p.fargs, p.fin, p.output, p.summary = name, args, in, output, summary
 	if p.bad {
 		return dst
+	}
+	if roleSt == absent && typSt == done && string(typ) != "message" {
+		if p.eof {
+			return dst
+		}
+		return p.item(dst, typ, start)
 	}
 	if p.eof && roleSt != done {
 		return dst
@@ -380,6 +520,53 @@ func (p *parser) message(dst []byte, f *fields) []byte {
 		return dst
 	}
 	return append(dst, messageEnd)
+}
+
+// item appends a Responses input item other than a message, read whole: a function call as
+// the assistant's name(arguments), its output as a tool message, a reasoning item as role
+// "reasoning" with its summary and content texts; any other item (item_reference,
+// web_search_call, ...) as its type and the placeholder of its JSON.
+func (p *parser) item(dst, typ []byte, start int) []byte {
+	switch string(typ) {
+	case "function_call", "custom_tool_call":
+		args := p.fargs
+		if string(typ) == "custom_tool_call" {
+			args = p.fin
+		}
+		dst = append(dst, "assistant"...)
+		dst = append(dst, roleEnd)
+		dst = append(dst, p.fname...)
+		dst = append(dst, '(')
+		dst = append(dst, args...)
+		dst = append(dst, ')')
+	case "function_call_output", "custom_tool_call_output":
+		dst = append(dst, "tool"...)
+		dst = append(dst, roleEnd)
+		dst = append(dst, p.output...)
+	case "reasoning":
+		dst = append(dst, "reasoning"...)
+		dst = append(dst, roleEnd)
+		dst = append(dst, p.summary...)
+		if len(p.summary) > 0 && len(p.content) > 0 {
+			dst = append(dst, '\n')
+		}
+		dst = append(dst, p.content...)
+	default:
+		dst = append(dst, typ...)
+		dst = append(dst, roleEnd)
+		dst = appendPlaceholder(dst, p.b[start:p.pos])
+	}
+	return append(dst, messageEnd)
+}
+
+// rawOrString appends a string value unescaped, any other value as written.
+func (p *parser) rawOrString(dst []byte) []byte {
+	if p.b[p.pos] == '"' {
+		return p.str(dst)
+	}
+	v := p.pos
+	p.skipValue()
+	return appendValid(dst, p.b[v:p.pos], p.eof)
 }
 
 // contentValue appends the text of a message content (or of Anthropic's system): a string,
@@ -434,7 +621,7 @@ const (
 
 func kindOf(typ []byte) partKind {
 	switch string(typ) {
-	case "text", "input_text", "output_text":
+	case "text", "input_text", "output_text", "summary_text", "reasoning_text":
 		return textPart
 	case "tool_use", "server_tool_use":
 		return toolUse
@@ -446,9 +633,9 @@ func kindOf(typ []byte) partKind {
 
 // part appends the contribution of one content part, decided by its type: text parts their text,
 // Anthropic tool_use blocks name(input JSON), tool_result blocks their content's text, and any
-// other part (image, audio, file, document, thinking...) a placeholder: U+FFFC and the CRC-32C
-// of the part's JSON in 8 hex digits, so that different images do not look alike. A part without
-// a type is text when it has a text field, else a placeholder.
+// other part (image, audio, file, document, thinking...) a placeholder weighted by its size
+// (appendPlaceholder), so that different images do not look alike. A part without a type is
+// text when it has a text field, else a placeholder.
 func (p *parser) part(dst []byte, level int, f *fields) []byte {
 	start := p.pos
 	p.enter()
@@ -466,11 +653,8 @@ func (p *parser) part(dst []byte, level int, f *fields) []byte {
 		switch string(key) {
 		case "type":
 			kind = otherPart
-			if p.b[p.pos] == '"' {
-				p.num = p.str(p.num[:0])
-				kind = kindOf(p.num)
-			} else {
-				p.skipValue()
+			if typ, st := p.word(&p.num); st != absent {
+				kind = kindOf(typ)
 			}
 			kindSt = p.state()
 		case "text":
@@ -551,12 +735,42 @@ func (p *parser) part(dst []byte, level int, f *fields) []byte {
 	return appendPlaceholder(dst[:mark], p.b[start:p.pos])
 }
 
+// bytesPerChar is how many bytes of a non-text part's JSON stand for one char of prefill: a
+// token (4 chars) per 256 bytes. Vision encoders spend about a token per 500-750 pixels
+// (Claude: w×h/750; Qwen2-VL: 28×28 pixels), and a photo's JPEG takes about 0.2 bytes a pixel,
+// 0.27 in base64: a 1092×1092 photo of some 330 KB of base64 comes to 1,300 tokens against
+// Claude's 1,590. PNG screenshots and audio weigh more than they cost; a URL or file id,
+// whose content is not in the body, weighs only what it is written as.
+const bytesPerChar = 64
+
+// appendPlaceholder appends the stand-in for a non-text part written as raw: U+FFFC, then
+// max(8, len(raw)/bytesPerChar) lowercase hex digits drawn from a digest of raw (the first 8
+// are its CRC-32C), so that a part weighs in the tree what it costs to prefill, the same part
+// matches whole and a different one does not. It takes max(11, 3 + len(raw)/64) bytes.
 func appendPlaceholder(dst, raw []byte) []byte {
 	const hex = "0123456789abcdef"
 	sum := crc32.Checksum(raw, castagnoli)
 	dst = append(dst, placeholder...)
 	for shift := 28; shift >= 0; shift -= 4 {
 		dst = append(dst, hex[sum>>shift&0xf])
+	}
+	n := len(raw)/bytesPerChar - 8
+	if n <= 0 {
+		return dst
+	}
+	// The rest is a splitmix64 stream seeded with 64 bits of digest: CRC-32C and CRC-32 (both
+	// run in hardware at several GB/s, so a megabyte image costs well under a millisecond).
+	x := uint64(sum)<<32 | uint64(crc32.ChecksumIEEE(raw))
+	for n > 0 {
+		x += 0x9e3779b97f4a7c15
+		z := x
+		z = (z ^ z>>30) * 0xbf58476d1ce4e5b9
+		z = (z ^ z>>27) * 0x94d049bb133111eb
+		z ^= z >> 31
+		for i := 0; i < 16 && n > 0; i, n = i+1, n-1 {
+			dst = append(dst, hex[z&0xf])
+			z >>= 4
+		}
 	}
 	return dst
 }
@@ -645,14 +859,7 @@ func (p *parser) function(name, args []byte) (_, _ []byte, nameSt, argsSt state)
 		case "name":
 			name, nameSt = p.stringValue(name)
 		case "arguments":
-			args = args[:0]
-			if p.b[p.pos] == '"' {
-				args = p.str(args)
-			} else {
-				start := p.pos
-				p.skipValue()
-				args = appendValid(args, p.b[start:p.pos], p.eof)
-			}
+			args = p.rawOrString(args[:0])
 			argsSt = p.state()
 		default:
 			p.skipValue()

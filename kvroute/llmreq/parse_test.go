@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
-	"hash/crc32"
 	"strings"
 	"testing"
 	"unicode/utf8"
@@ -19,14 +18,12 @@ func show(r Request) string {
 }
 
 // ph is the placeholder of a non-text part written as raw.
-func ph(raw string) string {
-	return fmt.Sprintf("\uFFFC%08x", crc32.Checksum([]byte(raw), crc32.MakeTable(crc32.Castagnoli)))
-}
+func ph(raw string) string { return refPlaceholder([]byte(raw)) }
 
 func TestFormatString(t *testing.T) {
 	for f, want := range map[Format]string{
 		None: "none", Chat: "openai_chat", Messages: "anthropic_messages",
-		Completion: "openai_completion", Generate: "sglang_generate", 9: "Format(9)",
+		Completion: "openai_completion", Generate: "sglang_generate", Responses: "openai_responses", 9: "Format(9)",
 	} {
 		if got := f.String(); got != want {
 			t.Errorf("Format(%d).String() = %q, want %q", f, got, want)
@@ -34,7 +31,13 @@ func TestFormatString(t *testing.T) {
 	}
 }
 
-const image = `{"type":"image_url","image_url":{"url":"data:image/png;base64,iVBORw0KGgo="}}`
+const (
+	image      = `{"type":"image_url","image_url":{"url":"data:image/png;base64,iVBORw0KGgo="}}`
+	inputImage = `{"type":"input_image","image_url":"data:image/png;base64,iVBORw0KGgo=","detail":"auto"}`
+)
+
+// bigImage is an image part of some 3 KB.
+var bigImage = `{"type":"image_url","image_url":{"url":"data:image/jpeg;base64,` + strings.Repeat("/9j/4AAQSkZJRgABAQ", 170) + `"}}`
 
 var parseTests = []struct {
 	name string
@@ -98,6 +101,50 @@ var parseTests = []struct {
 		Request{Format: Chat, Text: msg("assistant", ph(`{"type":"thinking","thinking":"hmm","signature":"s"}`)+"\nx")}},
 	{"anthropic system only", `{"system":"S"}`, Request{}},
 
+	// Tool definitions: as sent, after Anthropic's system and ahead of every message.
+	{"chat tools", `{"messages":[{"role":"system","content":"S"},{"role":"user","content":"Hi"}],"tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object"}}}]}`,
+		Request{Format: Chat, Text: msg("tools", `[{"type":"function","function":{"name":"f","parameters":{"type":"object"}}}]`) + msg("system", "S") + msg("user", "Hi")}},
+	{"chat tools as written", "{\"tools\": [ {\"name\":\"caf\\u00e9\"} ],\"messages\":[]}",
+		Request{Format: Chat, Text: msg("tools", `[ {"name":"caf\u00e9"} ]`)}},
+	{"chat tools not an array", `{"tools":{"a":1},"messages":[]}`, Request{Format: Chat}},
+	{"anthropic tools", `{"system":"S","tools":[{"name":"f","input_schema":{}}],"messages":[{"role":"user","content":"Hi"}]}`,
+		Request{Format: Messages, Text: msg("system", "S") + msg("tools", `[{"name":"f","input_schema":{}}]`) + msg("user", "Hi")}},
+	{"tools alone", `{"tools":[]}`, Request{}},
+
+	// Non-text parts weigh one char per 64 bytes of their JSON, at least 8.
+	{"image weight", `{"messages":[{"role":"user","content":[` + bigImage + `]}]}`,
+		Request{Format: Chat, Text: msg("user", ph(bigImage))}},
+	{"audio part", `{"messages":[{"role":"user","content":[{"type":"input_audio","input_audio":{"data":"UklGRg==","format":"wav"}}]}]}`,
+		Request{Format: Chat, Text: msg("user", ph(`{"type":"input_audio","input_audio":{"data":"UklGRg==","format":"wav"}}`))}},
+
+	// OpenAI Responses.
+	{"responses string", `{"model":"gpt","instructions":"Be brief.","input":"Hi","max_output_tokens":64,"stream":true}`,
+		Request{Format: Responses, Model: "gpt", Text: msg("system", "Be brief.") + msg("user", "Hi"), MaxTokens: 64, Stream: true}},
+	{"responses items", `{"model":"gpt","input":[{"role":"developer","content":"d"},{"type":"message","role":"user","content":[{"type":"input_text","text":"q"},` + inputImage + `]},` +
+		`{"type":"message","role":"assistant","content":[{"type":"output_text","text":"a","annotations":[]},{"type":"refusal","refusal":"no"}]}]}`,
+		Request{Format: Responses, Model: "gpt", Text: msg("developer", "d") + msg("user", "q\n"+ph(inputImage)) + msg("assistant", "a\n"+ph(`{"type":"refusal","refusal":"no"}`))}},
+	{"responses function call", `{"input":[{"role":"user","content":"Weather?"},{"type":"function_call","call_id":"c1","name":"weather","arguments":"{\"city\":\"Paris\"}"},` +
+		`{"type":"function_call_output","call_id":"c1","output":"sunny"},{"call_id":"c2","output":[{"type":"input_text","text":"t"},{"type":"input_image","file_id":"f"}],"type":"function_call_output"}]}`,
+		Request{Format: Responses, Text: msg("user", "Weather?") + msg("assistant", `weather({"city":"Paris"})`) + msg("tool", "sunny") + msg("tool", "t\n"+ph(`{"type":"input_image","file_id":"f"}`))}},
+	{"responses custom tool", `{"input":[{"type":"custom_tool_call","name":"sh","input":"ls -l","call_id":"c"},{"type":"custom_tool_call_output","call_id":"c","output":"a b"}]}`,
+		Request{Format: Responses, Text: msg("assistant", "sh(ls -l)") + msg("tool", "a b")}},
+	{"responses reasoning", `{"input":[{"type":"reasoning","id":"rs","summary":[{"type":"summary_text","text":"s1"},{"type":"summary_text","text":"s2"}],"content":[{"type":"reasoning_text","text":"r"}],"encrypted_content":"xyz"},{"type":"reasoning","summary":[]}]}`,
+		Request{Format: Responses, Text: msg("reasoning", "s1\ns2\nr") + msg("reasoning", "")}},
+	{"responses other item", `{"input":[{"type":"item_reference","id":"msg_1"}]}`,
+		Request{Format: Responses, Text: msg("item_reference", ph(`{"type":"item_reference","id":"msg_1"}`))}},
+	{"responses role wins over type", `{"input":[{"type":"function_call","role":"user","content":"x","name":"f"}]}`,
+		Request{Format: Responses, Text: msg("user", "x")}},
+	{"responses tools", `{"input":"Hi","instructions":"S","tools":[{"type":"web_search"}]}`,
+		Request{Format: Responses, Text: msg("system", "S") + msg("tools", `[{"type":"web_search"}]`) + msg("user", "Hi")}},
+	{"responses previous_response_id", `{"model":"gpt","previous_response_id":"resp_1","input":"And then?","prompt_cache_key":"c7"}`,
+		Request{Format: Responses, Model: "gpt", Text: msg("user", "And then?"), Session: "c7"}},
+	{"responses instructions only", `{"instructions":"S"}`, Request{Format: Responses, Text: msg("system", "S")}},
+	{"responses input without a Responses field", `{"model":"gpt","input":"Hi"}`, Request{Model: "gpt"}},
+	{"responses max_tokens first", `{"input":"x","max_output_tokens":5,"max_tokens":7}`, Request{Format: Responses, Text: msg("user", "x"), MaxTokens: 7}},
+	{"responses text config", `{"input":"x","reasoning":{"effort":"low"},"text":{"format":{"type":"text"}},"prompt":{"id":"p"}}`,
+		Request{Format: Responses, Text: msg("user", "x")}},
+	{"messages beat input", `{"input":"x","instructions":"i","messages":[]}`, Request{Format: Chat}},
+
 	// OpenAI completions.
 	{"completion string", `{"model":"m","prompt":"Once upon a time","max_tokens":16}`,
 		Request{Format: Completion, Model: "m", Text: "Once upon a time", MaxTokens: 16}},
@@ -112,6 +159,9 @@ var parseTests = []struct {
 	{"generate", `{"text":"Hello","sampling_params":{"temperature":0,"max_new_tokens":64},"stream":true}`,
 		Request{Format: Generate, Text: "Hello", MaxTokens: 64, Stream: true}},
 	{"generate batch", `{"text":["a","b"]}`, Request{Format: Generate, Text: "a\nb"}},
+	{"generate input_ids", `{"input_ids":[1,2,3],"sampling_params":{"max_new_tokens":8}}`, Request{Format: Generate, Text: "1 2 3", MaxTokens: 8}},
+	{"generate input_ids batch", `{"input_ids":[[1,2],[3]]}`, Request{Format: Generate, Text: "1 2\n3"}},
+	{"generate text beats input_ids", `{"input_ids":[1],"text":"t"}`, Request{Format: Generate, Text: "t"}},
 	{"generate max_tokens first", `{"text":"x","max_tokens":5,"sampling_params":{"max_new_tokens":64}}`,
 		Request{Format: Generate, Text: "x", MaxTokens: 5}},
 
@@ -167,8 +217,9 @@ var parseTests = []struct {
 	{"duplicate max_tokens", `{"prompt":"x","max_tokens":5,"max_tokens":"no"}`, Request{Format: Completion, Text: "x"}},
 
 	// Not for us.
-	{"unrelated object", `{"input":"x","model":"m","max_output_tokens":5,"stream":true,"prompt_cache_key":"s"}`,
+	{"embeddings", `{"input":"x","model":"m","encoding_format":"float","stream":true,"prompt_cache_key":"s"}`,
 		Request{Model: "m", Stream: true, Session: "s"}},
+	{"embeddings token ids", `{"input":[[1,2],[3]],"model":"m"}`, Request{Model: "m"}},
 	{"empty object", `{}`, Request{}},
 	{"empty", ``, Request{}},
 	{"spaces", " \n\t ", Request{}},
@@ -263,6 +314,20 @@ var truncatedTests = []struct {
 	{"in utf-8 of input", "{\"messages\":[{\"role\":\"assistant\",\"content\":[{\"type\":\"tool_use\",\"name\":\"f\",\"input\":{\"a\":\"\xc3",
 		Request{Format: Messages, Text: "assistant\x1ff({\"a\":\""}},
 	{"in literal", `{"prompt":"x","stream":tr`, Request{Format: Completion, Text: "x", Stream: true}},
+	{"in tools", `{"system":"S","tools":[{"name":"f","desc`, Request{Format: Messages, Text: msg("system", "S") + "tools\x1f" + `[{"name":"f","desc`}},
+	{"in chat tools", `{"model":"m","tools":[{"type":"function"`, Request{Format: Chat, Model: "m", Text: "tools\x1f" + `[{"type":"function"`}},
+	{"in utf-8 of tools", "{\"tools\":[\"caf\xc3", Request{Format: Chat, Text: "tools\x1f[\"caf"}},
+	{"after tools", `{"tools":[],"messages":[{"role":"user","content":"Hi`, Request{Format: Chat, Text: msg("tools", "[]") + "user\x1fHi"}},
+	{"in instructions", `{"instructions":"Be br`, Request{Format: Responses, Text: "system\x1fBe br"}},
+	{"in input string", `{"max_output_tokens":5,"input":"Hel`, Request{Format: Responses, Text: "user\x1fHel", MaxTokens: 5}},
+	{"in input string, nothing of Responses yet", `{"model":"m","input":"Hel`, Request{Model: "m"}},
+	{"in input message", `{"input":[{"role":"user","content":"Hel`, Request{Format: Responses, Text: "user\x1fHel"}},
+	{"in function call", `{"input":[{"role":"user","content":"x"},{"type":"function_call","name":"f","arguments":"{`,
+		Request{Format: Responses, Text: msg("user", "x")}},
+	{"in function call output", `{"input":[{"type":"function_call_output","output":"sun`, Request{Format: Responses}},
+	{"in typed message without role", `{"input":[{"type":"message","content":"x`, Request{Format: Responses}},
+	{"in input_ids", `{"input_ids":[1,2,3`, Request{Format: Generate, Text: "1 2"}},
+	{"in weighted image", `{"messages":[{"role":"user","content":[` + bigImage[:2000], Request{Format: Chat, Text: "user\x1f\uFFFC"}},
 	{"whole body", `{"prompt":"x"}`, Request{Format: Completion, Text: "x"}},
 	{"bad before the cut", `{"prompt":"x",,"model":"m`, Request{}},
 	{"deep before the cut", `{"prompt":"x","a":` + strings.Repeat("[", 2000), Request{}},
@@ -292,6 +357,13 @@ var prefixBodies = []string{
 	"{\n  \"prompt\" : [ \"a\\nb\" , \"caf\xc3\xa9\", [ 1 , 22 ], 333 , 4444 ] ,\n  \"max_tokens\" : 7\n}\n",
 	`{"text":["x\ty","\ud83d\ude00z"],"sampling_params":{"max_new_tokens":3}}`,
 	"{\"prompt\":\"bad \xff\xe4\x41 utf-8 and \\q escapes \\u12G4 \\ud800 lone\"}",
+	`{"model":"m","instructions":"Be \"brief\".","tools":[{"type":"function","name":"f","parameters":{"a":"é"}}],"input":[{"role":"user","content":[{"type":"input_text","text":"q"},` + inputImage + `]},` +
+		`{"type":"reasoning","summary":[{"type":"summary_text","text":"think"}]},{"type":"function_call","call_id":"c","name":"f","arguments":"{\"a\":1}"},` +
+		`{"type":"function_call_output","call_id":"c","output":"42"},{"type":"item_reference","id":"i"},{"role":"assistant","content":"done"}],"max_output_tokens":9}`,
+	`{"model":"m","tools":[{"type":"function","function":{"name":"f"}}],"input":[{"role":"user","content":"q"}],"store":false}`,
+	`{"model":"m","tools":[{"type":"function","function":{"name":"f"}}],"messages":[{"role":"system","content":"S"},{"role":"user","content":[{"type":"text","text":"q"},` + image + `]}]}`,
+	`{"system":"S","tools":[{"name":"f","input_schema":{"type":"object"}}],"messages":[{"role":"user","content":[{"type":"image","source":{"type":"base64","data":"AAAA"}},{"type":"text","text":"q"}]}]}`,
+	`{"input_ids":[[1,22],[333]],"sampling_params":{"max_new_tokens":3}}`,
 }
 
 // TestParsePrefix cuts bodies at every byte: each cut's Text is a prefix of the next cut's,
@@ -395,6 +467,8 @@ func TestParseDeep(t *testing.T) {
 			`{"prompt":"x","metadata":` + strings.Repeat(`{"a":`, n) + `1` + strings.Repeat(`}`, n) + `}`,
 			strings.Repeat(`[`, n),
 			`{"messages":[{"role":"user","content":[{"type":"tool_use","input":` + strings.Repeat(`[`, n) + strings.Repeat(`]`, n) + `}]}]}`,
+			`{"tools":` + strings.Repeat(`[`, n) + strings.Repeat(`]`, n) + `,"messages":[]}`,
+			`{"input":[{"type":"function_call","arguments":` + strings.Repeat(`{"a":`, n) + `1` + strings.Repeat(`}`, n) + `}],"instructions":""}`,
 		} {
 			for _, truncated := range []bool{false, true} {
 				if got := Parse([]byte(body), truncated); got.Format != None {
@@ -418,6 +492,12 @@ func TestParseBound(t *testing.T) {
 		"{\"prompt\":\"" + strings.Repeat("\xff", 1000) + "\"}",
 		`{"prompt":[` + strings.Repeat(`1,`, 1000) + `1]}`,
 		`{"messages":[{"tool_calls":[` + strings.Repeat(`{"function":{}},`, 1000) + `{}]}]}`,
+		`{"input":[` + strings.Repeat(`{"type":""},`, 1000) + `{}]}`,
+		`{"input":[` + strings.Repeat(`{},`, 1000) + `{}],"instructions":""}`,
+		`{"input":[` + strings.Repeat(`{"type":"reasoning","summary":[{},{}],"content":[{}]},`, 300) + `{}]}`,
+		`{"input":[{"type":"function_call_output","output":[` + strings.Repeat(`{},`, 1000) + `{}]}]}`,
+		"{\"tools\":[\"" + strings.Repeat("\xff", 1000) + "\"],\"messages\":[]}",
+		`{"input_ids":[` + strings.Repeat(`1,`, 1000) + `1]}`,
 	} {
 		got := Parse([]byte(body), false)
 		if got.Format == None || len(got.Text) > 4*len(body) {

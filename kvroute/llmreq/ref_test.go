@@ -14,7 +14,10 @@ import (
 // refParse is a slow reference for Parse on complete bodies, written from the package
 // documentation with encoding/json. ok is false when encoding/json rejects the body (Parse is
 // more lenient inside strings) or the body nests deeper than Parse accepts.
-func refParse(body []byte) (req Request, ok bool) {
+func refParse(body []byte) (req Request, ok bool) { return refParseAs(body, None) }
+
+// refParseAs is refParse for ParseAs.
+func refParseAs(body []byte, hint Format) (req Request, ok bool) {
 	defer func() { req.Runes = utf8.RuneCountInString(req.Text) }()
 	if !json.Valid(body) || nesting(body) > maxDepth {
 		return Request{}, false
@@ -38,6 +41,8 @@ func refParse(body []byte) (req Request, ok bool) {
 		req.MaxTokens = refTokens(top["max_completion_tokens"])
 	case refTokens(top["max_tokens"]) > 0:
 		req.MaxTokens = refTokens(top["max_tokens"])
+	case refTokens(top["max_output_tokens"]) > 0:
+		req.MaxTokens = refTokens(top["max_output_tokens"])
 	default:
 		var sp map[string]json.RawMessage
 		if raw := top["sampling_params"]; len(raw) > 0 && raw[0] == '{' && json.Unmarshal(raw, &sp) == nil {
@@ -45,6 +50,7 @@ func refParse(body []byte) (req Request, ok bool) {
 		}
 	}
 	_, anthropic := top["anthropic_version"]
+	anthropic = anthropic || hint == Messages
 	if _, ok := top["stop_sequences"]; ok {
 		anthropic = true
 	}
@@ -54,17 +60,53 @@ func refParse(body []byte) (req Request, ok bool) {
 		}
 		return raw[0]
 	}
-	if first(top["messages"]) == '[' {
+	// What comes ahead of the conversation: a system prompt, then the tool definitions.
+	head := func(sys string, hasSys bool) string {
 		var sb strings.Builder
-		if c := first(top["system"]); c == '"' || c == '[' {
-			anthropic = true
-			sb.WriteString("system\x1f" + refContent(top["system"], 0, &anthropic) + "\x1e")
+		if hasSys {
+			sb.WriteString("system\x1f" + sys + "\x1e")
 		}
+		if first(top["tools"]) == '[' {
+			sb.WriteString("tools\x1f" + string([]rune(string(top["tools"]))) + "\x1e")
+		}
+		return sb.String()
+	}
+	// items is the text of a messages array, or of a Responses input array.
+	items := func(raw json.RawMessage) (text string, objects bool) {
+		var sb strings.Builder
 		var msgs []json.RawMessage
-		json.Unmarshal(top["messages"], &msgs)
+		json.Unmarshal(raw, &msgs)
 		for _, raw := range msgs {
 			var m map[string]json.RawMessage
 			if first(raw) != '{' || json.Unmarshal(raw, &m) != nil {
+				continue
+			}
+			objects = true
+			output := refContent(m["output"], 0, &anthropic)
+			summary := refContent(m["summary"], 0, &anthropic)
+			_, hasRole := m["role"]
+			if typ, ok := str(m["type"]); !hasRole && ok && typ != "message" {
+				name, _ := str(m["name"])
+				arg := func(raw json.RawMessage) string {
+					if s, ok := str(raw); ok {
+						return s
+					}
+					return string([]rune(string(raw)))
+				}
+				switch typ {
+				case "function_call":
+					sb.WriteString("assistant\x1f" + name + "(" + arg(m["arguments"]) + ")")
+				case "custom_tool_call":
+					sb.WriteString("assistant\x1f" + name + "(" + arg(m["input"]) + ")")
+				case "function_call_output", "custom_tool_call_output":
+					sb.WriteString("tool\x1f" + output)
+				case "reasoning":
+					content := refContent(m["content"], 0, &anthropic)
+					sb.WriteString("reasoning\x1f" + strings.Join(nonEmpty(summary, content), "\n"))
+				default:
+					sb.WriteString(typ + "\x1f" + refPlaceholder(raw))
+				}
+				sb.WriteString("\x1e")
 				continue
 			}
 			role, _ := str(m["role"])
@@ -96,17 +138,44 @@ func refParse(body []byte) (req Request, ok bool) {
 			}
 			sb.WriteString("\x1e")
 		}
+		return sb.String(), objects
+	}
+	if first(top["messages"]) == '[' {
+		sys, hasSys := "", false
+		if c := first(top["system"]); c == '"' || c == '[' {
+			anthropic = true
+			sys, hasSys = refContent(top["system"], 0, &anthropic), true
+		}
+		text, _ := items(top["messages"])
 		req.Format = Chat
 		if anthropic {
 			req.Format = Messages
 		}
-		req.Text = sb.String()
+		req.Text = head(sys, hasSys) + text
+		return req, true
+	}
+	responses := hint == Responses
+	for _, k := range []string{"instructions", "max_output_tokens", "previous_response_id", "reasoning", "include", "conversation", "truncation", "max_tool_calls"} {
+		_, ok := top[k]
+		responses = responses || ok
+	}
+	instr, hasInstr := str(top["instructions"])
+	input, hasInput := str(top["input"])
+	if hasInput {
+		input = "user\x1f" + input + "\x1e"
+	} else if first(top["input"]) == '[' {
+		var objects bool
+		input, objects = items(top["input"])
+		hasInput, responses = true, responses || objects
+	}
+	if responses && (hasInput || hasInstr) {
+		req.Format, req.Text = Responses, head(instr, hasInstr)+input
 		return req, true
 	}
 	for _, f := range []struct {
 		key    string
 		format Format
-	}{{"prompt", Completion}, {"text", Generate}} {
+	}{{"prompt", Completion}, {"text", Generate}, {"input_ids", Generate}} {
 		raw := top[f.key]
 		if s, ok := str(raw); ok {
 			req.Format, req.Text = f.format, s
@@ -211,7 +280,7 @@ func refPart(raw json.RawMessage, level int, anthropic *bool) string {
 		}
 	}
 	switch {
-	case typ == "text" || typ == "input_text" || typ == "output_text" || !typed && hasText:
+	case typ == "text" || typ == "input_text" || typ == "output_text" || typ == "summary_text" || typ == "reasoning_text" || !typed && hasText:
 		return text
 	case typ == "tool_use" || typ == "server_tool_use":
 		*anthropic = true
@@ -223,7 +292,36 @@ func refPart(raw json.RawMessage, level int, anthropic *bool) string {
 		}
 		return ""
 	}
-	return fmt.Sprintf("\uFFFC%08x", crc32.Checksum(raw, crc32.MakeTable(crc32.Castagnoli)))
+	return refPlaceholder(raw)
+}
+
+// refPlaceholder is the placeholder of a non-text part written as raw, as documented in
+// appendPlaceholder.
+func refPlaceholder(raw []byte) string {
+	sum := crc32.Checksum(raw, crc32.MakeTable(crc32.Castagnoli))
+	s := fmt.Sprintf("\uFFFC%08x", sum)
+	want := max(8, len(raw)/64)
+	seed := uint64(sum)<<32 | uint64(crc32.ChecksumIEEE(raw))
+	for k := uint64(1); len(s) < 3+want; k++ {
+		z := seed + k*0x9e3779b97f4a7c15
+		z = (z ^ z>>30) * 0xbf58476d1ce4e5b9
+		z = (z ^ z>>27) * 0x94d049bb133111eb
+		z ^= z >> 31
+		for i := 0; i < 64 && len(s) < 3+want; i += 4 {
+			s += string("0123456789abcdef"[z>>i&0xf])
+		}
+	}
+	return s
+}
+
+func nonEmpty(ss ...string) []string {
+	var out []string
+	for _, s := range ss {
+		if s != "" {
+			out = append(out, s)
+		}
+	}
+	return out
 }
 
 func refTokens(raw json.RawMessage) int {
@@ -262,20 +360,25 @@ func nesting(body []byte) int {
 }
 
 // prefixSafe reports whether a valid JSON body is one for which Parse promises that the Text of
-// any truncation is a prefix of the full Text: no duplicate keys, and a top-level system, if
-// any, before messages.
+// any truncation is a prefix of the full Text: no duplicate keys, and the top-level system or
+// instructions, tools, and messages or input in this order.
 func prefixSafe(body []byte) bool {
 	dups, late := keyOrder(body)
 	return !dups && !late
 }
 
+// textOrder gives the top-level keys whose text comes in this order: a key seen after one of a
+// later group voids the prefix promise for truncated bodies.
+var textOrder = map[string]int{"system": 1, "instructions": 1, "tools": 2, "messages": 3, "input": 3}
+
 // keyOrder reports whether an object of a valid JSON body has a key twice, and whether the
-// top-level system comes after messages.
+// top-level keys come out of their order in the text (textOrder).
 func keyOrder(body []byte) (dups, lateSystem bool) {
 	dec := json.NewDecoder(bytes.NewReader(body))
 	type container struct {
 		keys    map[string]bool // nil for arrays
 		wantKey bool
+		last    int // the latest textOrder group seen (top level)
 	}
 	var stack []*container
 	afterValue := func() {
@@ -291,7 +394,10 @@ func keyOrder(body []byte) (dups, lateSystem bool) {
 		if s, ok := tok.(string); ok && len(stack) > 0 {
 			if top := stack[len(stack)-1]; top.keys != nil && top.wantKey {
 				dups = dups || top.keys[s]
-				lateSystem = lateSystem || len(stack) == 1 && s == "system" && top.keys["messages"]
+				if len(stack) == 1 {
+					lateSystem = lateSystem || textOrder[s] > 0 && textOrder[s] < top.last
+					top.last = max(top.last, textOrder[s])
+				}
 				top.keys[s] = true
 				top.wantKey = false
 				continue

@@ -508,6 +508,13 @@ func appendValid(dst, raw []byte, atEOF bool) []byte {
 	for i := 0; i < len(raw); {
 		j := i
 		for j < len(raw) {
+			// Tool definitions and inputs are mostly ASCII: eight bytes at a time.
+			for j+8 <= len(raw) && binary.LittleEndian.Uint64(raw[j:])&msb == 0 {
+				j += 8
+			}
+			if j == len(raw) {
+				break
+			}
 			if raw[j] < utf8.RuneSelf {
 				j++
 				continue
