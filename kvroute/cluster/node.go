@@ -60,6 +60,7 @@ type Node struct {
 	loadKick    chan struct{}
 	syncKick    chan struct{}
 	syncJobs    chan syncJob
+	served      map[uint64]uint64 // requester → last seq served to it; syncServer only
 
 	nc atomic.Pointer[nats.Conn]
 
@@ -164,6 +165,7 @@ func newNode(cfg Config, h Handler, loads LoadSource, logger *slog.Logger) (*Nod
 		loadKick: make(chan struct{}, 1),
 		syncKick: make(chan struct{}, 1),
 		syncJobs: make(chan syncJob, 16),
+		served:   make(map[uint64]uint64),
 		enc:      enc,
 		dec:      dec,
 		peers:    make(map[uint64]*peer),
@@ -262,10 +264,8 @@ func (n *Node) connect(opts []nats.Option) {
 		return
 	default:
 	}
+	// nats.go calls the ConnectHandler once the first connection is up, now or later.
 	n.nc.Store(nc)
-	if nc.IsConnected() {
-		n.connected("connected")
-	}
 }
 
 // connected asks peers for what this node missed: on start, it is a late joiner; on reconnect,

@@ -26,9 +26,14 @@ type peer struct {
 	records   uint64
 	loads     map[string]int64
 	loadsAt   time.Time
-	tokens    float64
-	tokensAt  time.Time
-	frag      struct {
+	// synced: this node holds the peer's history up to maxSeq, so a catch-up request asks only
+	// for what follows. True once the peer answered a catch-up request of this node, or asked
+	// for one itself (it had just started, so everything it publishes later arrives live). A
+	// live message alone says nothing of what the peer published before this node heard it.
+	synced   bool
+	tokens   float64
+	tokensAt time.Time
+	frag     struct {
 		id, next, total uint64
 		buf             []byte
 	}
@@ -144,6 +149,9 @@ func (n *Node) receive(kind byte, msg []byte) {
 		n.st.droppedFlood.Add(1)
 		n.debug("flood", "cluster: peer over peer_rate; message dropped", "peer", hexID(p.id))
 		return
+	}
+	if kind != kindData {
+		p.synced = true
 	}
 	p.lastHeard, p.lag = now, now.Sub(sent)
 	p.messages++

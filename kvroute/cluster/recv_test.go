@@ -192,3 +192,29 @@ func TestReceiveFragments(t *testing.T) {
 		t.Errorf("oversized fragments: calls %d", len(sr.got()))
 	}
 }
+
+// TestSeenOnlyAfterSync: a live message from a peer says nothing of what it published before,
+// so a catch-up request still asks that peer for everything until it answered once.
+func TestSeenOnlyAfterSync(t *testing.T) {
+	n, _ := newTestNode(t, testConfig())
+	old, _ := newTestNode(t, testConfig())
+	fresh, _ := newTestNode(t, testConfig())
+	n.receive(kindData, sealAs(old, kindData, appendLoad(nil, nil)))
+	if s := n.seen(); len(s) != 0 {
+		t.Fatalf("seen after a live message only: %v", s)
+	}
+	n.receive(kindSyncData, sealAs(old, kindSyncData, nil))
+	n.receive(kindSyncReq, sealAs(fresh, kindSyncReq, appendSyncReq(nil, nil)))
+	s := n.seen()
+	if len(s) != 2 {
+		t.Fatalf("seen after a reply and a request: %v", s)
+	}
+	for _, e := range s {
+		if (e.peer == old.id && e.seq != 2) || (e.peer == fresh.id && e.seq != 1) {
+			t.Errorf("seen %v", s)
+		}
+	}
+	if j := <-n.syncJobs; j.to != fresh.id || j.since != 0 {
+		t.Errorf("sync job %+v", j)
+	}
+}

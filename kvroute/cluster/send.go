@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"maps"
+	"slices"
 	"time"
 )
 
@@ -114,6 +115,7 @@ func (n *Node) flusher() {
 		lastLoad map[string]int64
 		loadAt   time.Time
 		loadDue  bool
+		syncDue  bool
 	)
 	start := func() {
 		if p == nil {
@@ -175,6 +177,8 @@ func (n *Node) flusher() {
 			case recForget:
 				rec = appendForget(nil, it.b)
 				n.own.forget(it.b)
+				// Bindings of this batch are not in the log yet.
+				pending = slices.DeleteFunc(pending, func(e logEntry) bool { return e.sessionKey == it.b })
 			case recReset:
 				rec = appendReset(nil)
 				pending = pending[:0]
@@ -201,8 +205,12 @@ func (n *Node) flusher() {
 			}
 			flush()
 			n.expire(time.Now())
+			if syncDue {
+				// The connection came up before connect() stored it.
+				syncDue = !n.sendSyncRequest()
+			}
 		case <-n.syncKick:
-			n.sendSyncRequest()
+			syncDue = !n.sendSyncRequest()
 		}
 	}
 }
@@ -222,20 +230,15 @@ func (n *Node) encodeDecision(model, upstream, text string, zbuf []byte) (rec, z
 
 // sendSyncRequest asks every peer to replay what it published after the last message this
 // node has from it.
-func (n *Node) sendSyncRequest() {
+func (n *Node) sendSyncRequest() bool {
 	if nc := n.nc.Load(); nc == nil || !nc.IsConnected() {
-		return
+		return false
 	}
-	n.rmu.Lock()
-	seen := make([]seenSeq, 0, len(n.peers))
-	for id, p := range n.peers {
-		seen = append(seen, seenSeq{id, p.maxSeq})
-	}
-	n.rmu.Unlock()
 	p := n.newPacker(kindSyncReq, n.prefix+"sync")
-	p.add(appendSyncReq(nil, seen))
+	p.add(appendSyncReq(nil, n.seen()))
 	p.flush()
 	n.st.syncRequests.Add(1)
+	return true
 }
 
 // syncServer replays this node's catch-up log to peers that ask, one at a time, so that a
@@ -247,11 +250,20 @@ func (n *Node) syncServer() {
 		case <-n.done:
 			return
 		case job := <-n.syncJobs:
-			recs := n.own.since(job.since)
+			// A requester that asks twice before its first reply arrived (connect and
+			// reconnect callbacks close together) gets only what it was not sent yet.
+			since := max(job.since, n.served[job.to])
+			if len(n.served) >= n.cfg.MaxPeers {
+				clear(n.served)
+			}
+			n.served[job.to] = n.seq.Load()
+			recs := n.own.since(since)
+			p := n.newPacker(kindSyncData, n.prefix+"to."+hexID(job.to))
 			if len(recs) == 0 {
+				// An empty reply still tells the requester it is in sync with this node.
+				p.send(n.seq.Add(1), nil)
 				continue
 			}
-			p := n.newPacker(kindSyncData, n.prefix+"to."+hexID(job.to))
 			for _, r := range recs {
 				select {
 				case <-n.done:
@@ -265,4 +277,17 @@ func (n *Node) syncServer() {
 			n.st.syncServedRecords.Add(uint64(len(recs)))
 		}
 	}
+}
+
+// seen lists the peers whose history this node holds, with the last sequence number it has.
+func (n *Node) seen() []seenSeq {
+	n.rmu.Lock()
+	defer n.rmu.Unlock()
+	seen := make([]seenSeq, 0, len(n.peers))
+	for id, p := range n.peers {
+		if p.synced {
+			seen = append(seen, seenSeq{id, p.maxSeq})
+		}
+	}
+	return seen
 }
