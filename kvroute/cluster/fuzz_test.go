@@ -24,7 +24,7 @@ func FuzzRecords(f *testing.F) {
 	cfg.PeerRate = 1 << 30 // the fuzzer is a flood; the rate limit is tested elsewhere
 	n, r := newTestNode(f, cfg)
 	peer, _ := newTestNode(f, cfg)
-	dec, _ := peer.encodeDecision("m", "u", textOf(3000), nil)
+	dec, _, _ := peer.encodeDecision("m", "u", textOf(3000), nil, nil)
 	f.Add(dec)
 	f.Add(appendBinding(nil, "m", "k", "u"))
 	f.Add(appendFragment(nil, fragment{id: 1, index: 0, total: 2, chunk: dec[:10]}))

@@ -142,7 +142,7 @@ func newNode(cfg Config, h Handler, loads LoadSource, logger *slog.Logger) (*Nod
 		return nil, nil, fmt.Errorf("cluster: %w", err)
 	}
 	// CRC off: GCM authenticates every byte already.
-	enc, err := zstd.NewWriter(nil, zstd.WithEncoderConcurrency(1), zstd.WithEncoderCRC(false), zstd.WithWindowSize(1<<20))
+	enc, err := zstd.NewWriter(nil, zstd.WithEncoderConcurrency(1), zstd.WithEncoderCRC(false), zstd.WithWindowSize(1<<20), zstd.WithEncoderLevel(zstd.SpeedFastest))
 	if err != nil {
 		return nil, nil, fmt.Errorf("cluster: zstd encoder: %w", err)
 	}

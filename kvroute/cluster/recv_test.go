@@ -12,7 +12,7 @@ func TestReceiveApplies(t *testing.T) {
 	n, r := newTestNode(t, testConfig())
 	peer, _ := newTestNode(t, testConfig())
 	text := textOf(5000)
-	dec, _ := peer.encodeDecision("llama", "10.0.0.1:8000", text, nil)
+	dec, _, _ := peer.encodeDecision("llama", "10.0.0.1:8000", text, nil, nil)
 	var plain []byte
 	plain = append(plain, dec...)
 	plain = appendBinding(plain, "llama", peer.SessionKey("s1"), "10.0.0.2:8000")

@@ -112,6 +112,7 @@ func (n *Node) flusher() {
 		p        *packer
 		pending  []logEntry // records of the current batch for the catch-up log
 		zbuf     []byte
+		tbuf     []byte
 		lastLoad map[string]int64
 		loadAt   time.Time
 		loadDue  bool
@@ -159,40 +160,57 @@ func (n *Node) flusher() {
 		p = nil
 		batch.Stop()
 	}
+	handle := func(it item) {
+		var rec []byte
+		switch it.kind {
+		case recDecision:
+			n.queuedBytes.Add(-int64(min(len(it.c), n.cfg.MaxText)))
+			rec, zbuf, tbuf = n.encodeDecision(it.a, it.b, it.c, zbuf, tbuf)
+			pending = append(pending, logEntry{rec: rec})
+		case recBinding:
+			rec = appendBinding(nil, it.a, it.b, it.c)
+			pending = append(pending, logEntry{rec: rec, model: it.a, sessionKey: it.b})
+		case recForget:
+			rec = appendForget(nil, it.b)
+			n.own.forget(it.b)
+			// Bindings of this batch are not in the log yet.
+			pending = slices.DeleteFunc(pending, func(e logEntry) bool { return e.sessionKey == it.b })
+		case recReset:
+			rec = appendReset(nil)
+			pending = pending[:0]
+			n.own.reset()
+		}
+		p.add(rec)
+		// A fragmented record went out at once; the entries before it are in messages
+		// already sent or in the current one, so p.lastSeq covers them all.
+		for i := range pending {
+			if pending[i].seq == 0 {
+				pending[i].seq = p.lastSeq
+			}
+		}
+	}
+	// drain takes what is queued now, without waiting.
+	drain := func() {
+		for range len(n.queue) {
+			handle(<-n.queue)
+		}
+	}
 	for {
+		// While a batch is open the flusher does not wait on the queue: a Publish* then
+		// only writes into the channel's buffer, where waking a parked receiver would cost
+		// the request path about ten times as much.
+		queue := n.queue
+		if p != nil {
+			queue = nil
+		}
 		select {
 		case <-n.done:
 			return
-		case it := <-n.queue:
+		case it := <-queue:
 			start()
-			var rec []byte
-			switch it.kind {
-			case recDecision:
-				n.queuedBytes.Add(-int64(min(len(it.c), n.cfg.MaxText)))
-				rec, zbuf = n.encodeDecision(it.a, it.b, it.c, zbuf)
-				pending = append(pending, logEntry{rec: rec})
-			case recBinding:
-				rec = appendBinding(nil, it.a, it.b, it.c)
-				pending = append(pending, logEntry{rec: rec, model: it.a, sessionKey: it.b})
-			case recForget:
-				rec = appendForget(nil, it.b)
-				n.own.forget(it.b)
-				// Bindings of this batch are not in the log yet.
-				pending = slices.DeleteFunc(pending, func(e logEntry) bool { return e.sessionKey == it.b })
-			case recReset:
-				rec = appendReset(nil)
-				pending = pending[:0]
-				n.own.reset()
-			}
-			p.add(rec)
-			// A fragmented record went out at once; the entries before it are in messages
-			// already sent or in the current one, so p.lastSeq covers them all.
-			for i := range pending {
-				if pending[i].seq == 0 {
-					pending[i].seq = p.lastSeq
-				}
-			}
+			handle(it)
 		case <-batch.C:
+			drain()
 			flush()
 		case <-n.loadKick:
 			// Counts move on every request start and end: publish them with the next batch,
@@ -203,6 +221,7 @@ func (n *Node) flusher() {
 			if time.Since(loadAt) >= n.cfg.LoadInterval/2 {
 				addLoad(true)
 			}
+			drain()
 			flush()
 			n.expire(time.Now())
 			if syncDue {
@@ -216,16 +235,24 @@ func (n *Node) flusher() {
 }
 
 // encodeDecision returns a decision record, its text compressed on its own when that helps.
-func (n *Node) encodeDecision(model, upstream, text string, zbuf []byte) (rec, zb []byte) {
+// zbuf and tbuf are scratch buffers, returned for reuse.
+func (n *Node) encodeDecision(model, upstream, text string, zbuf, tbuf []byte) (rec, zb, tb []byte) {
 	text = truncateText(text, n.cfg.MaxText)
-	zbuf = n.enc.EncodeAll([]byte(text), zbuf[:0])
+	tbuf = append(tbuf[:0], text...)
+	zbuf = n.enc.EncodeAll(tbuf, zbuf[:0])
 	n.st.textBytes.Add(uint64(len(text)))
 	if len(zbuf) < len(text) {
 		n.st.wireTextBytes.Add(uint64(len(zbuf)))
-		return appendDecision(nil, model, upstream, textZstd, len(text), zbuf), zbuf
+		rec = appendDecision(nil, model, upstream, textZstd, len(text), zbuf)
+	} else {
+		n.st.wireTextBytes.Add(uint64(len(text)))
+		rec = appendDecision(nil, model, upstream, textRaw, len(text), tbuf)
 	}
-	n.st.wireTextBytes.Add(uint64(len(text)))
-	return appendDecision(nil, model, upstream, textRaw, len(text), []byte(text)), zbuf
+	// A Mooncake prompt is ~60k chars; keep scratch space for those, not for a rare 4 MiB one.
+	if cap(tbuf) > 1<<20 {
+		tbuf, zbuf = nil, nil
+	}
+	return rec, zbuf, tbuf
 }
 
 // sendSyncRequest asks every peer to replay what it published after the last message this
