@@ -39,7 +39,8 @@ type Config struct {
 	// QueueBytes bounds the text bytes waiting to be published (default 64 MiB).
 	QueueBytes int
 	// LogBytes bounds the log of this replica's own recent decisions and bindings kept for peers
-	// that catch up, counted as they are stored (compressed) (default 32 MiB).
+	// that catch up, counted as they are stored (compressed) (default 16 MiB, about 50M chars of
+	// routing text: with 3 replicas, more than the default max_tree_size of 64Mi chars).
 	LogBytes int
 	// MaxText is the longest routing text published, in bytes; a longer one is published as its
 	// prefix, which is what a prefix tree needs (default 4 MiB).
@@ -59,7 +60,7 @@ const (
 	defaultLoadTTL      = 2 * time.Second
 	defaultQueueLen     = 8192
 	defaultQueueBytes   = 64 << 20
-	defaultLogBytes     = 32 << 20
+	defaultLogBytes     = 16 << 20
 	defaultMaxText      = 4 << 20
 	defaultReplayWindow = 2 * time.Minute
 	defaultMaxPeers     = 256

@@ -67,12 +67,14 @@ type Node struct {
 	enc *zstd.Encoder // used by the flusher only
 	dec *zstd.Decoder // used under rmu only
 
-	rmu      sync.Mutex // receive side: peers, plain, closed
-	peers    map[uint64]*peer
-	plain    []byte
-	textBuf  []byte
-	closed   bool
-	peerLoad atomic.Pointer[map[string]int64]
+	rmu     sync.Mutex // receive side: peers, plain, closed
+	peers   map[uint64]*peer
+	plain   []byte
+	textBuf []byte
+	closed  bool
+	// fragBytes is what all peers' partial fragmented records hold together.
+	fragBytes int
+	peerLoad  atomic.Pointer[map[string]int64]
 
 	own ownLog
 
@@ -172,7 +174,9 @@ func newNode(cfg Config, h Handler, loads LoadSource, logger *slog.Logger) (*Nod
 		done:     make(chan struct{}),
 	}
 	n.own.init(cfg.LogBytes)
-	n.sessPool.New = func() any { return hmac.New(sha256.New, n.keys.session) }
+	n.sessPool.New = func() any {
+		return &sessionDigest{mac: hmac.New(sha256.New, n.keys.session), sum: make([]byte, 0, sha256.Size)}
+	}
 	opts = append(opts,
 		nats.ConnectHandler(func(*nats.Conn) { n.connected("connected") }),
 		nats.ReconnectHandler(func(*nats.Conn) { n.connected("reconnected") }),
@@ -309,13 +313,26 @@ func (n *Node) ID() string { return n.idHex }
 // SessionKey is the keyed digest of a session id under which replicas agree on a binding
 // without the id crossing the wire. It is a pure function of the secret, the name and id.
 func (n *Node) SessionKey(id string) string {
-	m := n.sessPool.Get().(hash.Hash)
-	m.Reset()
-	io.WriteString(m, id)
-	var sum [sha256.Size]byte
-	s := hex.EncodeToString(m.Sum(sum[:0])[:16])
-	n.sessPool.Put(m)
-	return s
+	d := n.sessPool.Get().(*sessionDigest)
+	d.mac.Reset()
+	d.in = append(d.in[:0], id...)
+	d.mac.Write(d.in)
+	d.sum = d.mac.Sum(d.sum[:0])
+	var out [32]byte
+	hex.Encode(out[:], d.sum[:16])
+	if cap(d.in) > 4096 {
+		d.in = nil // a megabyte session id must not stay in the pool
+	}
+	n.sessPool.Put(d)
+	return string(out[:])
+}
+
+// sessionDigest is SessionKey's scratch space, pooled so that the digest allocates only its
+// result on the request path.
+type sessionDigest struct {
+	mac hash.Hash
+	in  []byte
+	sum []byte
 }
 
 // PublishDecision queues a decision for the peers; it never blocks (a full queue drops and

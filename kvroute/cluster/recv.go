@@ -180,6 +180,7 @@ func (n *Node) addPeer(id uint64, aead cipher.AEAD, now time.Time) *peer {
 		if now.Sub(oldest.lastHeard) <= n.cfg.LoadTTL {
 			return nil
 		}
+		n.fragBytes -= len(oldest.frag.buf)
 		delete(n.peers, oldest.id)
 	}
 	p := &peer{id: id, aead: aead, firstSeen: now, lastHeard: now, tokens: float64(2 * n.cfg.PeerRate), tokensAt: now}
@@ -243,29 +244,42 @@ func (n *Node) apply(p *peer, kind byte, h header, r *record, now time.Time, top
 // the record they make once complete. Memory is bounded by the largest record a peer may send.
 func (n *Node) reassemble(p *peer, kind byte, h header, f *fragment, now time.Time) {
 	a := &p.frag
+	drop := func() {
+		n.fragBytes -= len(a.buf)
+		a.buf, a.next = nil, 0
+	}
 	if f.index == 0 {
 		if a.buf != nil {
 			n.st.fragmentsLost.Add(1)
+			drop()
 		}
-		a.id, a.next, a.total, a.buf = f.id, 0, f.total, a.buf[:0]
+		a.id, a.next, a.total = f.id, 0, f.total
 	}
 	if f.id != a.id || f.index != a.next || f.total != a.total {
 		n.st.fragmentsLost.Add(1)
-		a.buf, a.next = nil, 0
+		drop()
 		return
 	}
-	if len(a.buf)+len(f.chunk) > n.cfg.MaxText+n.cfg.MaxText/8+64<<10 {
+	if len(a.buf)+len(f.chunk) > maxRecord(n.cfg.MaxText) {
 		n.reject(&n.st.rejectedMalformed, "malformed", errors.New("fragmented record too large"))
-		a.buf, a.next = nil, 0
+		drop()
+		return
+	}
+	// All peers together may hold two of the largest records half-assembled; a third is
+	// dropped rather than let many peers multiply the bound.
+	if n.fragBytes+len(f.chunk) > 2*maxRecord(n.cfg.MaxText) {
+		n.st.fragmentsLost.Add(1)
+		drop()
 		return
 	}
 	a.buf = append(a.buf, f.chunk...)
+	n.fragBytes += len(f.chunk)
 	a.next++
 	if a.next < a.total {
 		return
 	}
 	buf := a.buf
-	a.buf, a.next = nil, 0
+	drop()
 	if err := decodeRecords(buf, n.cfg.MaxText, func(r *record) { n.apply(p, kind, h, r, now, false) }); err != nil {
 		n.reject(&n.st.rejectedMalformed, "malformed", err)
 	}
@@ -308,10 +322,15 @@ func (n *Node) expire(now time.Time) {
 	forget := 2*n.cfg.ReplayWindow + n.cfg.LoadTTL
 	for id, p := range n.peers {
 		if now.Sub(p.lastHeard) > forget {
+			n.fragBytes -= len(p.frag.buf)
 			delete(n.peers, id)
 		}
 	}
 	n.rebuildLoads(now)
 }
+
+// maxRecord is the largest encoded record: a decision of maxText bytes that did not compress,
+// with its names.
+func maxRecord(maxText int) int { return maxText + maxText/8 + 64<<10 }
 
 func hexID(id uint64) string { return strconv.FormatUint(id, 16) }

@@ -218,3 +218,42 @@ func TestSeenOnlyAfterSync(t *testing.T) {
 		t.Errorf("sync job %+v", j)
 	}
 }
+
+// TestFragmentBudget: many peers each holding a half-assembled record may not multiply memory.
+func TestFragmentBudget(t *testing.T) {
+	cfg := testConfig()
+	cfg.MaxText = 10000
+	n, _ := newTestNode(t, cfg)
+	chunk := make([]byte, maxRecord(cfg.MaxText)*3/4)
+	for i := 0; i < 5; i++ {
+		p, _ := newTestNode(t, cfg)
+		n.receive(kindData, sealAs(p, kindData, appendFragment(nil, fragment{id: 1, index: 0, total: 2, chunk: chunk})))
+	}
+	n.rmu.Lock()
+	held := n.fragBytes
+	n.rmu.Unlock()
+	if held > 2*maxRecord(cfg.MaxText) || held == 0 {
+		t.Errorf("5 peers' partial records hold %d bytes, bound %d", held, 2*maxRecord(cfg.MaxText))
+	}
+	if lost := n.Stats().FragmentsLost; lost != 3 {
+		t.Errorf("FragmentsLost = %d, want 3", lost)
+	}
+}
+
+func TestSessionKey(t *testing.T) {
+	n, _ := newTestNode(t, testConfig())
+	other, _ := newTestNode(t, testConfig())
+	wrong := testConfig()
+	wrong.Secret = "some-other-secret-value"
+	x, _ := newTestNode(t, wrong)
+	k := n.SessionKey("conv-1")
+	if len(k) != 32 || k != other.SessionKey("conv-1") || k == n.SessionKey("conv-2") || k == x.SessionKey("conv-1") {
+		t.Errorf("session keys: %q %q %q %q", k, other.SessionKey("conv-1"), n.SessionKey("conv-2"), x.SessionKey("conv-1"))
+	}
+	if huge := strings.Repeat("x", 1<<20); n.SessionKey(huge) == k {
+		t.Error("a megabyte id digests like conv-1")
+	}
+	if a := testing.AllocsPerRun(100, func() { _ = n.SessionKey("conv-1") }); a > 1 && !raceEnabled {
+		t.Errorf("SessionKey allocates %v times, want 1 (its result)", a)
+	}
+}
