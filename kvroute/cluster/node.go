@@ -208,6 +208,9 @@ func natsOptions(cfg Config) ([]nats.Option, error) {
 		// second line.
 		nats.NoEcho(),
 		nats.NoCallbacksAfterClientClose(),
+		// By default nats.go gives up after the same auth error twice; credentials fixed or
+		// rotated on the server side must not need a Caddy restart.
+		nats.IgnoreAuthErrorAbort(),
 	}
 	if cfg.Creds != "" {
 		// nats.go reads the file on every (re)connect; a missing file would only show up as a
