@@ -32,7 +32,11 @@ func FuzzRecords(f *testing.F) {
 	f.Add(appendLoad(nil, []peerCount{{"u", 5}}))
 	f.Fuzz(func(t *testing.T, plain []byte) {
 		for _, kind := range []byte{kindData, kindSyncReq, kindSyncData} {
-			n.receive(kind, sealAs(peer, kind, plain))
+			to := uint64(0)
+			if kind == kindSyncData {
+				to = n.id
+			}
+			n.receive(kind, sealTo(peer, to, kind, plain))
 		}
 		// Drain catch-up jobs a sync request queued: nothing serves them here.
 		for len(n.syncJobs) > 0 {

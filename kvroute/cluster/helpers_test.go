@@ -61,7 +61,12 @@ func newTestNode(t testing.TB, cfg Config) (*Node, *recorder) {
 
 // sealAs seals plain as a message from n with the next sequence number.
 func sealAs(n *Node, kind byte, plain []byte) []byte {
-	return seal(nil, n.aead, header{kind: kind, sender: n.id, seq: n.seq.Add(1), nanos: time.Now().UnixNano()}, plain)
+	return sealTo(n, 0, kind, plain)
+}
+
+// sealTo seals plain as a message from n to the node whose id is to (catch-up replies).
+func sealTo(n *Node, to uint64, kind byte, plain []byte) []byte {
+	return seal(nil, n.aead, header{kind: kind, sender: n.id, seq: n.seq.Add(1), nanos: time.Now().UnixNano(), to: to}, plain)
 }
 
 func textOf(n int) string {

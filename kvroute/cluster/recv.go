@@ -104,6 +104,9 @@ func (n *Node) receive(kind byte, msg []byte) {
 		n.reject(&n.st.rejectedMalformed, "malformed", err)
 		return
 	}
+	if kind == kindSyncData {
+		h.to = n.id
+	}
 	if h.sender == n.id {
 		n.st.ownIgnored.Add(1)
 		return

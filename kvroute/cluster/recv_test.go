@@ -64,7 +64,8 @@ func TestReceiveRejects(t *testing.T) {
 		{"garbage", kindData, []byte(strings.Repeat("garbage!", 10)), func(s Stats) uint64 { return s.RejectedMalformed }},
 		{"empty", kindData, nil, func(s Stats) uint64 { return s.RejectedMalformed }},
 		{"wrong subject", kindSyncData, sealAs(peer, kindData, appendReset(nil)), func(s Stats) uint64 { return s.RejectedMalformed }},
-		{"reset in a catch-up", kindSyncData, sealAs(peer, kindSyncData, appendReset(nil)), func(s Stats) uint64 { return s.RejectedMalformed }},
+		{"reset in a catch-up", kindSyncData, sealTo(peer, n.id, kindSyncData, appendReset(nil)), func(s Stats) uint64 { return s.RejectedMalformed }},
+		{"catch-up for another node", kindSyncData, sealTo(peer, n.id+1, kindSyncData, appendReset(nil)), func(s Stats) uint64 { return s.RejectedAuth }},
 		{"stale", kindData, seal(nil, peer.aead, header{kind: kindData, sender: peer.id, seq: peer.seq.Add(1), nanos: time.Now().Add(-time.Hour).UnixNano()}, appendReset(nil)), func(s Stats) uint64 { return s.RejectedStale }},
 		{"future", kindData, seal(nil, peer.aead, header{kind: kindData, sender: peer.id, seq: peer.seq.Add(1), nanos: time.Now().Add(time.Hour).UnixNano()}, appendReset(nil)), func(s Stats) uint64 { return s.RejectedStale }},
 		{"bad records", kindData, sealAs(peer, kindData, []byte{recBinding, 200}), func(s Stats) uint64 { return s.RejectedMalformed }},
@@ -203,7 +204,7 @@ func TestSeenOnlyAfterSync(t *testing.T) {
 	if s := n.seen(); len(s) != 0 {
 		t.Fatalf("seen after a live message only: %v", s)
 	}
-	n.receive(kindSyncData, sealAs(old, kindSyncData, nil))
+	n.receive(kindSyncData, sealTo(old, n.id, kindSyncData, nil))
 	n.receive(kindSyncReq, sealAs(fresh, kindSyncReq, appendSyncReq(nil, nil)))
 	s := n.seen()
 	if len(s) != 2 {

@@ -16,6 +16,7 @@ type packer struct {
 	n       *Node
 	kind    byte
 	subject string
+	to      uint64 // recipient of a catch-up reply
 	limit   int
 	cur     []byte
 	curSeq  uint64
@@ -86,7 +87,7 @@ func (p *packer) send(seq uint64, plain []byte) {
 		p.n.st.droppedPublish.Add(1)
 		return
 	}
-	p.out = seal(p.out[:0], p.n.aead, header{kind: p.kind, sender: p.n.id, seq: seq, nanos: time.Now().UnixNano()}, plain)
+	p.out = seal(p.out[:0], p.n.aead, header{kind: p.kind, sender: p.n.id, seq: seq, nanos: time.Now().UnixNano(), to: p.to}, plain)
 	// Publish copies the message into nats.go's buffer (or its reconnect buffer while
 	// disconnected); it fails only when that buffer is full or the connection is closed.
 	if err := nc.Publish(p.subject, p.out); err != nil {
@@ -286,6 +287,7 @@ func (n *Node) syncServer() {
 			n.served[job.to] = n.seq.Load()
 			recs := n.own.since(since)
 			p := n.newPacker(kindSyncData, n.prefix+"to."+hexID(job.to))
+			p.to = job.to
 			if len(recs) == 0 {
 				// An empty reply still tells the requester it is in sync with this node.
 				p.send(n.seq.Add(1), nil)

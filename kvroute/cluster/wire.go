@@ -97,12 +97,24 @@ func (k keys) aeadFor(sender uint64) (cipher.AEAD, error) {
 	return cipher.NewGCM(block)
 }
 
-// header is a message's clear part.
+// header is a message's clear part, plus its recipient.
 type header struct {
 	kind   byte
 	sender uint64
 	seq    uint64
 	nanos  int64
+	// to is the recipient of a catch-up reply (0 otherwise). It is not sent: the subject
+	// names it and both sides authenticate it, so that a reply captured on the wire cannot be
+	// replayed to another node.
+	to uint64
+}
+
+// additionalData is what GCM authenticates besides the ciphertext: the clear header and the
+// recipient.
+func additionalData(clear []byte, to uint64) []byte {
+	ad := make([]byte, 0, headerLen+8)
+	ad = append(ad, clear[:headerLen]...)
+	return binary.BigEndian.AppendUint64(ad, to)
 }
 
 func nonceOf(seq uint64) []byte {
@@ -118,10 +130,7 @@ func seal(dst []byte, aead cipher.AEAD, h header, plain []byte) []byte {
 	dst = binary.BigEndian.AppendUint64(dst, h.sender)
 	dst = binary.BigEndian.AppendUint64(dst, h.seq)
 	dst = binary.BigEndian.AppendUint64(dst, uint64(h.nanos))
-	// The header is the additional data: copy it out, since Seal may grow dst.
-	var ad [headerLen]byte
-	copy(ad[:], dst[start:])
-	return aead.Seal(dst, nonceOf(h.seq), plain, ad[:])
+	return aead.Seal(dst, nonceOf(h.seq), plain, additionalData(dst[start:], h.to))
 }
 
 // parseHeader reads a message's clear header without trusting any of it.
@@ -145,7 +154,7 @@ func parseHeader(msg []byte) (header, error) {
 
 // open authenticates and decrypts msg, whose header is h, into dst.
 func open(dst []byte, aead cipher.AEAD, h header, msg []byte) ([]byte, error) {
-	return aead.Open(dst, nonceOf(h.seq), msg[headerLen:], msg[:headerLen])
+	return aead.Open(dst, nonceOf(h.seq), msg[headerLen:], additionalData(msg, h.to))
 }
 
 // Record encoding. Strings are a uvarint length and bytes; integers are varints.
