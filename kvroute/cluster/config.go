@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"reflect"
 	"strings"
 	"time"
 )
@@ -13,7 +14,7 @@ import (
 const MinSecretLen = 16
 
 // Config is what the `cluster` block of the Caddyfile gives, plus tuning knobs whose zero value
-// means the default. Config is comparable, so that a caller can tell whether a reload changed it.
+// means the default. Equal tells whether a reload changed it (a changed one reconnects).
 type Config struct {
 	// URLs of the NATS servers (nats://, tls://, ws://, wss://); credentials may be given in the
 	// URL (user:pass@ or token@).
@@ -68,6 +69,15 @@ const (
 	// maxNameLen keeps subjects short; NATS itself allows far longer ones.
 	maxNameLen = 64
 )
+
+// Equal reports whether c and o configure the same node, defaults applied.
+func (c Config) Equal(o Config) bool {
+	c, o = c.withDefaults(), o.withDefaults()
+	if len(c.URLs) == 0 && len(o.URLs) == 0 {
+		c.URLs, o.URLs = nil, nil // nil and empty mean the same
+	}
+	return reflect.DeepEqual(c, o)
+}
 
 // withDefaults returns c with every zero tuning knob set to its default.
 func (c Config) withDefaults() Config {

@@ -24,36 +24,53 @@ type counters struct {
 
 // Stats is a snapshot of a node's counters, for the admin API and metrics. Counters only grow.
 type Stats struct {
-	ID        string
-	Connected bool
-	Server    string // id of the NATS server connected to, "" when not connected
+	ID        string `json:"id"`
+	Connected bool   `json:"connected"`
+	Server    string `json:"server,omitempty"` // id of the NATS server connected to
 
-	Sent, SentBytes         uint64 // messages published and their bytes
-	Received, ReceivedBytes uint64 // messages arrived, good or bad, and their bytes
+	Sent          uint64 `json:"sent"`           // messages published
+	SentBytes     uint64 `json:"sent_bytes"`     // their bytes
+	Received      uint64 `json:"received"`       // messages arrived, good or bad
+	ReceivedBytes uint64 `json:"received_bytes"` // their bytes
 
-	DecisionsReceived, BindingsReceived uint64 // applied through the Handler
+	DecisionsReceived uint64 `json:"decisions_received"` // applied through the Handler
+	BindingsReceived  uint64 `json:"bindings_received"`
 
-	// Dropped: published items or messages lost on this side: the queue was full, nats.go's
-	// buffer was full or closed, NATS dropped for a slow consumer, a peer went over peer_rate,
-	// the peer table was full, or too many catch-up requests waited.
-	DroppedQueue, DroppedPublish, DroppedSlow, DroppedFlood, DroppedPeers, DroppedSync uint64
+	// Dropped: items or messages lost on this side: the queue was full, nats.go's buffer was
+	// full or the connection closed, NATS dropped for a slow consumer, a peer went over
+	// peer_rate, the peer table was full, or too many catch-up requests waited.
+	DroppedQueue   uint64 `json:"dropped_queue"`
+	DroppedPublish uint64 `json:"dropped_publish"`
+	DroppedSlow    uint64 `json:"dropped_slow"`
+	DroppedFlood   uint64 `json:"dropped_flood"`
+	DroppedPeers   uint64 `json:"dropped_peers"`
+	DroppedSync    uint64 `json:"dropped_sync"`
 	// Rejected: messages that failed to open (wrong secret or forged), were replayed, were
 	// outside the replay window, or were malformed.
-	RejectedAuth, RejectedReplay, RejectedStale, RejectedMalformed uint64
+	RejectedAuth      uint64 `json:"rejected_auth"`
+	RejectedReplay    uint64 `json:"rejected_replay"`
+	RejectedStale     uint64 `json:"rejected_stale"`
+	RejectedMalformed uint64 `json:"rejected_malformed"`
 
 	// TextBytes is the routing text published, WireTextBytes what it took compressed.
-	TextBytes, WireTextBytes uint64
+	TextBytes     uint64 `json:"text_bytes"`
+	WireTextBytes uint64 `json:"wire_text_bytes"`
 	// Fragmented counts records split over several messages; FragmentsLost, partial ones
 	// dropped.
-	Fragmented, FragmentsLost uint64
+	Fragmented    uint64 `json:"fragmented"`
+	FragmentsLost uint64 `json:"fragments_lost"`
 
 	// Catch-up: requests sent, replies served and their records, records received.
-	SyncRequests, SyncServed, SyncServedRecords, SyncReceivedRecords uint64
+	SyncRequests        uint64 `json:"sync_requests"`
+	SyncServed          uint64 `json:"sync_served"`
+	SyncServedRecords   uint64 `json:"sync_served_records"`
+	SyncReceivedRecords uint64 `json:"sync_received_records"`
 	// LogBytes and LogEntries: the catch-up log kept for peers.
-	LogBytes, LogEntries int
+	LogBytes   int `json:"log_bytes"`
+	LogEntries int `json:"log_entries"`
 
-	Disconnects uint64
-	Peers       []PeerStats
+	Disconnects uint64      `json:"disconnects"`
+	Peers       []PeerStats `json:"peers"`
 }
 
 // Dropped is the sum of the Dropped* counters.
@@ -76,19 +93,19 @@ func (s Stats) CompressionRatio() float64 {
 
 // PeerStats is what a node knows of one peer.
 type PeerStats struct {
-	ID        string
-	FirstSeen time.Time
-	LastHeard time.Time
+	ID        string    `json:"id"`
+	FirstSeen time.Time `json:"first_seen"`
+	LastHeard time.Time `json:"last_heard"`
 	// Lag is the receive time minus the send time of its last message: NATS delay plus the
 	// clocks' difference.
-	Lag      time.Duration
-	Messages uint64
-	Bytes    uint64
-	Records  uint64
+	Lag      time.Duration `json:"lag_ns"`
+	Messages uint64        `json:"messages"`
+	Bytes    uint64        `json:"bytes"`
+	Records  uint64        `json:"records"`
 	// Live: heard within load_ttl, so its load counts.
-	Live bool
+	Live bool `json:"live"`
 	// Load is the sum of its last published in-flight counts.
-	Load int64
+	Load int64 `json:"load"`
 }
 
 // Stats returns a snapshot. Do not call it from a Handler method.

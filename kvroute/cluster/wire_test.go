@@ -197,3 +197,20 @@ func TestTruncateText(t *testing.T) {
 		}
 	}
 }
+
+func TestConfigEqual(t *testing.T) {
+	a, b := testConfig(), testConfig()
+	b.FlushDelay = defaultFlushDelay // the default, spelled out
+	if !a.Equal(b) {
+		t.Error("a config and the same with a default spelled out differ")
+	}
+	b.URLs = append(b.URLs, "nats://127.0.0.1:2")
+	if a.Equal(b) {
+		t.Error("another URL list is equal")
+	}
+	b = testConfig()
+	b.Secret += "x"
+	if a.Equal(b) {
+		t.Error("another secret is equal")
+	}
+}
