@@ -214,3 +214,22 @@ func TestConfigEqual(t *testing.T) {
 		t.Error("another secret is equal")
 	}
 }
+
+// TestCompressionPerDecision: a decision's bytes on the wire must not depend on what other
+// clients sent before it (compression across clients would let one client learn, from sizes,
+// whether another's prompt shares its text).
+func TestCompressionPerDecision(t *testing.T) {
+	n, _ := newTestNode(t, testConfig())
+	secretPrompt := "user: my password is hunter2 and my account is 12345678 " + textOf(2000)
+	probe := "user: my password is hunter2 and my account is 12345678 " + textOf(100)
+	alone, _, _ := n.encodeDecision("m", "u", probe, nil, nil)
+	var zb, tb []byte
+	_, zb, tb = n.encodeDecision("m", "u", secretPrompt, zb, tb)
+	after, _, _ := n.encodeDecision("m", "u", probe, zb, tb)
+	if len(alone) != len(after) || !bytes.Equal(alone, after) {
+		t.Errorf("the probe's record is %d bytes alone, %d after a similar prompt", len(alone), len(after))
+	}
+	if n.Stats().CompressionRatio() <= 1 {
+		t.Errorf("compression ratio %v on English-like text", n.Stats().CompressionRatio())
+	}
+}
