@@ -162,6 +162,7 @@ func (n *Node) flusher() {
 		batch.Stop()
 	}
 	handle := func(it item) {
+		start()
 		var rec []byte
 		switch it.kind {
 		case recDecision:
@@ -208,7 +209,6 @@ func (n *Node) flusher() {
 		case <-n.done:
 			return
 		case it := <-queue:
-			start()
 			handle(it)
 		case <-batch.C:
 			drain()
