@@ -28,7 +28,7 @@ func FuzzRecords(f *testing.F) {
 	f.Add(dec)
 	f.Add(appendBinding(nil, "m", "k", "u"))
 	f.Add(appendFragment(nil, fragment{id: 1, index: 0, total: 2, chunk: dec[:10]}))
-	f.Add(appendSyncReq(nil, []seenSeq{{1, 2}}))
+	f.Add(appendSyncReq(nil, true, []seenSeq{{1, 2}}))
 	f.Add(appendLoad(nil, []peerCount{{"u", 5}}))
 	f.Fuzz(func(t *testing.T, plain []byte) {
 		for _, kind := range []byte{kindData, kindSyncReq, kindSyncData} {

@@ -61,6 +61,7 @@ type Node struct {
 	syncKick    chan struct{}
 	syncJobs    chan syncJob
 	served      map[uint64]uint64 // requester → last seq served to it; syncServer only
+	asked       bool              // a catch-up request went out; flusher only
 
 	nc atomic.Pointer[nats.Conn]
 
@@ -271,13 +272,27 @@ func (n *Node) connect(opts []nats.Option) {
 		return
 	default:
 	}
-	// nats.go calls the ConnectHandler once the first connection is up, now or later.
 	n.nc.Store(nc)
+	if nc.IsConnected() {
+		n.connected("connected")
+	}
+	// Otherwise nats.go calls the ConnectHandler once the server is there.
 }
 
 // connected asks peers for what this node missed: on start, it is a late joiner; on reconnect,
-// it may have missed what was published while it was away.
+// it may have missed what was published while it was away. It runs on nats.go's callback
+// goroutine or at the end of connect, never on the flusher.
 func (n *Node) connected(what string) {
+	nc := n.nc.Load()
+	if nc == nil {
+		// The first connection came up before connect subscribed; connect asks itself.
+		return
+	}
+	// The replies come on this node's own subject: make sure the server has its
+	// subscriptions (a round trip) before asking, or the first replies are lost.
+	if err := nc.FlushTimeout(2 * time.Second); err != nil {
+		n.debug("flush", "cluster: NATS flush before catch-up", "error", err)
+	}
 	n.log.Info("cluster: NATS "+what, "id", n.idHex)
 	select {
 	case n.syncKick <- struct{}{}:

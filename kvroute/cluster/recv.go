@@ -27,9 +27,10 @@ type peer struct {
 	loads     map[string]int64
 	loadsAt   time.Time
 	// synced: this node holds the peer's history up to maxSeq, so a catch-up request asks only
-	// for what follows. True once the peer answered a catch-up request of this node, or asked
-	// for one itself (it had just started, so everything it publishes later arrives live). A
-	// live message alone says nothing of what the peer published before this node heard it.
+	// for what follows. True once the peer answered a catch-up request of this node, or sent
+	// its first one (it had just started, so all it publishes later arrives live). A live
+	// message, or a peer's request after a reconnect, says nothing of what it published
+	// before this node heard it.
 	synced   bool
 	tokens   float64
 	tokensAt time.Time
@@ -153,7 +154,7 @@ func (n *Node) receive(kind byte, msg []byte) {
 		n.debug("flood", "cluster: peer over peer_rate; message dropped", "peer", hexID(p.id))
 		return
 	}
-	if kind != kindData {
+	if kind == kindSyncData {
 		p.synced = true
 	}
 	p.lastHeard, p.lag = now, now.Sub(sent)
@@ -227,6 +228,9 @@ func (n *Node) apply(p *peer, kind byte, h header, r *record, now time.Time, top
 		p.loads, p.loadsAt = loads, now
 		n.rebuildLoads(now)
 	case recSyncReq:
+		if r.first {
+			p.synced = true
+		}
 		since := uint64(0)
 		for _, s := range r.seen {
 			if s.peer == n.id {

@@ -204,14 +204,20 @@ func TestSeenOnlyAfterSync(t *testing.T) {
 	if s := n.seen(); len(s) != 0 {
 		t.Fatalf("seen after a live message only: %v", s)
 	}
+	// A request after a reconnect is no sign of a fresh start either.
+	n.receive(kindSyncReq, sealAs(old, kindSyncReq, appendSyncReq(nil, false, nil)))
+	if s := n.seen(); len(s) != 0 {
+		t.Fatalf("seen after a peer's reconnect request: %v", s)
+	}
+	<-n.syncJobs
 	n.receive(kindSyncData, sealTo(old, n.id, kindSyncData, nil))
-	n.receive(kindSyncReq, sealAs(fresh, kindSyncReq, appendSyncReq(nil, nil)))
+	n.receive(kindSyncReq, sealAs(fresh, kindSyncReq, appendSyncReq(nil, true, nil)))
 	s := n.seen()
 	if len(s) != 2 {
 		t.Fatalf("seen after a reply and a request: %v", s)
 	}
 	for _, e := range s {
-		if (e.peer == old.id && e.seq != 2) || (e.peer == fresh.id && e.seq != 1) {
+		if (e.peer == old.id && e.seq != 3) || (e.peer == fresh.id && e.seq != 1) {
 			t.Errorf("seen %v", s)
 		}
 	}

@@ -263,7 +263,8 @@ func (n *Node) sendSyncRequest() bool {
 		return false
 	}
 	p := n.newPacker(kindSyncReq, n.prefix+"sync")
-	p.add(appendSyncReq(nil, n.seen()))
+	p.add(appendSyncReq(nil, !n.asked, n.seen()))
+	n.asked = true
 	p.flush()
 	n.st.syncRequests.Add(1)
 	return true

@@ -272,6 +272,7 @@ type record struct {
 	text       []byte
 	loads      []peerCount
 	seen       []seenSeq
+	first      bool
 	frag       fragment
 }
 
@@ -323,8 +324,14 @@ func appendLoad(b []byte, loads []peerCount) []byte {
 	return b
 }
 
-func appendSyncReq(b []byte, seen []seenSeq) []byte {
-	b = append(b, recSyncReq)
+// appendSyncReq: first says the requester has just started, so peers know they will hear all
+// it publishes from now on.
+func appendSyncReq(b []byte, first bool, seen []seenSeq) []byte {
+	flags := byte(0)
+	if first {
+		flags = 1
+	}
+	b = append(b, recSyncReq, flags)
 	b = binary.AppendUvarint(b, uint64(len(seen)))
 	for _, s := range seen {
 		b = binary.BigEndian.AppendUint64(b, s.peer)
@@ -388,6 +395,7 @@ func decodeRecords(plain []byte, maxText int, fn func(*record)) error {
 				rec.loads = append(rec.loads, peerCount{u, c})
 			}
 		case recSyncReq:
+			rec.first = r.byte()&1 != 0
 			n := r.uvarint()
 			// Each entry takes 16 bytes, so a count larger than what is left is a lie.
 			if r.err == nil && n > uint64(len(r.b)/16) {

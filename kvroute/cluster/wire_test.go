@@ -105,7 +105,7 @@ func TestRecordsRoundTrip(t *testing.T) {
 	b = appendForget(b, "abcd")
 	b = appendReset(b)
 	b = appendLoad(b, []peerCount{{"10.0.0.1:8000", 3}, {"10.0.0.2:8000", 0}})
-	b = appendSyncReq(b, []seenSeq{{1, 2}, {3, 4}})
+	b = appendSyncReq(b, true, []seenSeq{{1, 2}, {3, 4}})
 	b = appendFragment(b, fragment{id: 9, index: 1, total: 3, chunk: []byte("xyz")})
 	var got []record
 	if err := decodeRecords(b, 1<<20, func(r *record) {
@@ -122,7 +122,7 @@ func TestRecordsRoundTrip(t *testing.T) {
 		{typ: recForget, sessionKey: "abcd"},
 		{typ: recReset},
 		{typ: recLoad, loads: []peerCount{{"10.0.0.1:8000", 3}, {"10.0.0.2:8000", 0}}},
-		{typ: recSyncReq, seen: []seenSeq{{1, 2}, {3, 4}}},
+		{typ: recSyncReq, first: true, seen: []seenSeq{{1, 2}, {3, 4}}},
 		{typ: recFragment, frag: fragment{id: 9, index: 1, total: 3, chunk: []byte("xyz")}},
 	}
 	if !reflect.DeepEqual(got, want) {
@@ -157,7 +157,7 @@ func TestDecodeBounds(t *testing.T) {
 	if err := decodeRecords(lie, 1<<20, func(*record) { t.Fatal("applied") }); err == nil {
 		t.Error("load record with 2^28 entries accepted")
 	}
-	lie = []byte{recSyncReq, 0xff, 0xff, 0xff, 0x7f}
+	lie = []byte{recSyncReq, 0, 0xff, 0xff, 0xff, 0x7f}
 	if err := decodeRecords(lie, 1<<20, func(*record) { t.Fatal("applied") }); err == nil {
 		t.Error("sync request with 2^28 entries accepted")
 	}
