@@ -18,4 +18,18 @@
 // leak nothing about other prompts. A replica that starts or reconnects asks its peers to replay
 // their recent decisions (a bounded log each keeps of its own), so that it catches up within
 // seconds.
+//
+// # Threat model
+//
+// Anyone who can publish or subscribe on the NATS server (NATS's own auth, creds and TLS decide
+// who can) but does not hold the secret can neither read prompts or session ids, nor make a
+// replica apply anything: every message fails to open and is counted, and what fails costs one
+// AES-GCM open, never memory beyond NATS's pending limits. Such a party still sees message
+// sizes and timing, hence the rate of decisions and each decision's compressed size (compression
+// never spans two decisions, so a size depends on one client's prompt alone), and can drop
+// messages if it controls the server. Replayed messages are rejected by sequence number, old ones
+// by time (replay_window; replicas' clocks must agree within it). A replica that holds the
+// secret is trusted with routing (it can steer decisions, as its own requests could) but not
+// with memory: every field, record, peer table, fragment and catch-up log is bounded, and one
+// peer's messages are rate limited (peer_rate).
 package cluster

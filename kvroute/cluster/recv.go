@@ -137,7 +137,11 @@ func (n *Node) receive(kind byte, msg []byte) {
 		n.reject(&n.st.rejectedAuth, "auth", errors.New("message fails to open: wrong secret or name, or forged"))
 		return
 	}
-	n.plain = plain[:0]
+	if cap(plain) <= 2<<20 {
+		// Keep the buffer for the next message, unless a server with a huge max_payload
+		// made it large.
+		n.plain = plain[:0]
+	}
 	if p == nil {
 		if p = n.addPeer(h.sender, aead, now); p == nil {
 			n.st.droppedPeers.Add(1)
