@@ -141,3 +141,36 @@ func BenchmarkPublishDecision(b *testing.B) {
 }
 
 var _ cluster.Handler = (*state)(nil)
+
+// BenchmarkCatchUp is how long a replica that joins late takes to receive a peer's full
+// catch-up log (16 MiB by default) of Mooncake decisions.
+func BenchmarkCatchUp(b *testing.B) {
+	texts := mooncakeTexts(b, 2000)
+	s := startNATS(b, nil)
+	cfg := config(s.url())
+	cfg.QueueLen = 1 << 16
+	cfg.QueueBytes = 1 << 30
+	a := join(b, cfg)
+	connected(b, a)
+	chars := 0
+	for _, t := range texts {
+		a.PublishDecision("llama", "10.0.0.1:8000", t)
+		chars += len(t)
+	}
+	eventually(b, 60*time.Second, "a did not publish all", func() bool {
+		st := a.Stats()
+		return st.TextBytes >= uint64(chars)
+	})
+	time.Sleep(100 * time.Millisecond) // the last batch into the log
+	entries := a.Stats().LogEntries
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		start := time.Now()
+		c := join(b, cfg)
+		eventually(b, 60*time.Second, "late joiner did not catch up", func() bool { return c.st.numDecisions() >= entries })
+		b.ReportMetric(time.Since(start).Seconds(), "s/catch-up")
+		b.ReportMetric(float64(entries), "records")
+		b.ReportMetric(float64(a.Stats().LogBytes)/(1<<20), "log-MiB")
+		c.Close()
+	}
+}
