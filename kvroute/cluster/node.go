@@ -25,7 +25,9 @@ import (
 
 // Handler applies what peers publish to the local state, exactly as a local decision would.
 // The Node calls its methods from one goroutine at a time, never from a Publish* caller and never
-// after Close returned.
+// after Close returned. They may call Publish*, PeerLoad and SessionKey, not Stats or Close
+// (those wait for the Handler to return). A slow Handler makes NATS buffer, then drop (counted
+// in DroppedSlow), never blocks a request.
 type Handler interface {
 	// Decision: a peer routed a request of model with this routing text to upstream.
 	Decision(model, upstream, text string)
