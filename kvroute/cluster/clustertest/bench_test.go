@@ -96,7 +96,7 @@ func BenchmarkWire(b *testing.B) {
 			cpu := cpuTime() - cpu0
 			st := a.Stats()
 			if st.Dropped() != 0 {
-				b.Fatalf("dropped %d", st.Dropped())
+				b.Fatalf("dropped %d: %+v", st.Dropped(), st)
 			}
 			text := float64(st.TextBytes - st0.TextBytes)
 			b.ReportMetric(float64(st.SentBytes-st0.SentBytes)/float64(b.N), "wireB/decision")
