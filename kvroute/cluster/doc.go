@@ -1,0 +1,35 @@
+// Package cluster lets several kvroute replicas share what they learn over NATS.
+//
+// A Node publishes what its replica decides (each decision's model, upstream and routing text,
+// session bindings by a keyed digest of the session id, admin forget and reset) and its
+// in-flight count per upstream, and hands what its peers publish to a Handler, which applies it
+// exactly as a local decision. The package knows nothing of trees, sessions or the policy: the
+// caller wires a Handler and a LoadSource to its own state.
+//
+// Nothing here ever blocks the caller: Publish* only enqueue into a bounded queue (a full queue
+// drops and counts), a background goroutine batches, compresses, seals and publishes, and the
+// connection is made and remade in the background, so that NATS being absent at start or lost
+// later only means the replica routes on what it knows alone until NATS is back.
+//
+// On the wire, every message is sealed with AES-256-GCM under a key derived from the shared
+// secret, the fleet name and the sender's random id, carries the sender's sequence number and
+// time, and is rejected when it fails to open, is replayed or is too old. Each decision's text is
+// compressed on its own, never together with another client's text, so that sizes on the wire
+// leak nothing about other prompts. A replica that starts or reconnects asks its peers to replay
+// their recent decisions (a bounded log each keeps of its own), so that it catches up within
+// seconds.
+//
+// # Threat model
+//
+// Anyone who can publish or subscribe on the NATS server (NATS's own auth, creds and TLS decide
+// who can) but does not hold the secret can neither read prompts or session ids, nor make a
+// replica apply anything: every message fails to open and is counted, and what fails costs one
+// AES-GCM open, never memory beyond NATS's pending limits. Such a party still sees message
+// sizes and timing, hence the rate of decisions and each decision's compressed size (compression
+// never spans two decisions, so a size depends on one client's prompt alone), and can drop
+// messages if it controls the server. Replayed messages are rejected by sequence number, old ones
+// by time (replay_window; replicas' clocks must agree within it). A replica that holds the
+// secret is trusted with routing (it can steer decisions, as its own requests could) but not
+// with memory: every field, record, peer table, fragment and catch-up log is bounded, and one
+// peer's messages are rate limited (peer_rate).
+package cluster
