@@ -101,8 +101,9 @@ demo)
 test)
 	build
 	export KVROUTE_CADDY="$ROOT/caddy"
-	# Every module is vetted and tested, whatever failed before it (examples/* with a go.mod
-	# are modules of their own); one summary line at the end, and a non-zero exit if any
+	# Every module is vetted and tested, whatever failed before it (examples/* with a go.mod,
+	# and kvroute/cluster/clustertest, which embeds a NATS server, are modules of their own);
+	# one summary line at the end, and a non-zero exit if any
 	# module failed.
 	passed=() failed=()
 	test_module() { # DIR GO-TEST-FLAGS...
@@ -115,7 +116,7 @@ test)
 	}
 	# -p 1: caddytest packages share the admin port 2999.
 	test_module . -p 1 "$@"
-	for mod in examples/*/go.mod; do
+	for mod in examples/*/go.mod kvroute/cluster/clustertest/go.mod; do
 		test_module "$(dirname "$mod")" "$@"
 	done
 	if ((${#failed[@]})); then
