@@ -25,7 +25,7 @@ targets=()
 if [ $# -eq 2 ]; then
 	targets=("$1 $2")
 else
-	for pkg in ./kvroute/llmreq ./kvroute/telemetry ./kvroute ./tree ./caddyfile ./energy ./examples/llmsim ./examples/replay; do
+	for pkg in ./kvroute/llmreq ./kvroute/telemetry ./kvroute/cluster ./kvroute ./tree ./caddyfile ./energy ./examples/llmsim ./examples/replay; do
 		names=$(go test "$pkg" -list '^Fuzz') # a package that does not build stops the script here
 		for target in $(grep '^Fuzz' <<<"$names" || true); do
 			targets+=("$pkg $target")
