@@ -90,9 +90,11 @@ func chatBody(size int, anthropic bool) []byte {
 }
 
 // responsesBody returns an OpenAI Responses body of about size bytes, as the OpenAI SDK writes
-// it: instructions, six function tools with JSON Schema parameters (some 4 KB), then user
-// messages and assistant output_text messages in turn.
-func responsesBody(size int) []byte {
+// it: instructions, six function tools with JSON Schema parameters (some 4.5 KB), then user
+// messages and assistant output_text messages in turn. With chat, it is the same conversation
+// as a chat body: the tools as chat tools, the instructions as a system message, the assistant
+// turns as text parts.
+func responsesBody(size int, chat bool) []byte {
 	r := rand.New(rand.NewPCG(uint64(size), 9))
 	type item struct {
 		Type    string `json:"type,omitempty"`
@@ -106,25 +108,43 @@ func responsesBody(size int) []byte {
 	}
 	var tools []any
 	for i := range 6 {
-		tools = append(tools, map[string]any{
-			"type": "function", "name": fmt.Sprintf("tool_%d", i), "description": prose(r, 300), "strict": false,
+		fn := map[string]any{
+			"name": fmt.Sprintf("tool_%d", i), "description": prose(r, 300), "strict": false,
 			"parameters": map[string]any{"type": "object", "required": []string{"query"}, "properties": map[string]any{
 				"query": map[string]any{"type": "string", "description": prose(r, 80)},
 				"limit": map[string]any{"type": "integer", "minimum": 1, "maximum": 100},
 				"mode":  map[string]any{"type": "string", "enum": []string{"fast", "exact", "fuzzy"}},
 			}},
-		})
+		}
+		if chat {
+			tools = append(tools, map[string]any{"type": "function", "function": fn})
+		} else {
+			fn["type"] = "function"
+			tools = append(tools, fn)
+		}
 	}
-	body := map[string]any{"model": "gpt-4.1", "instructions": prose(r, 600), "tools": tools, "max_output_tokens": 512, "stream": true}
+	instructions := prose(r, 600)
+	body := map[string]any{"model": "gpt-4.1", "instructions": instructions, "tools": tools, "max_output_tokens": 512, "stream": true}
 	var input []item
+	if chat {
+		body = map[string]any{"model": "gpt-4.1", "tools": tools, "max_tokens": 512, "stream": true}
+		input = append(input, item{Role: "system", Content: instructions})
+	}
 	for i := 0; ; i++ {
 		text := prose(r, 200+r.IntN(1200))
-		if i%2 == 0 {
+		switch {
+		case i%2 == 0:
 			input = append(input, item{Role: "user", Content: text})
-		} else {
+		case chat:
+			input = append(input, item{Role: "assistant", Content: []map[string]string{{"type": "text", "text": text}}})
+		default:
 			input = append(input, item{Type: "message", Role: "assistant", Content: []part{{"output_text", text, []any{}}}})
 		}
-		body["input"] = input
+		if chat {
+			body["messages"] = input
+		} else {
+			body["input"] = input
+		}
 		b, _ := json.Marshal(body)
 		if len(b) >= size {
 			return b
@@ -145,7 +165,8 @@ func BenchmarkParse(b *testing.B) {
 		{"chat/64KiB-truncated", chatBody(128<<10, false)[:64<<10], true},
 		{"anthropic/64KiB", chatBody(64<<10, true), false},
 		{"completion/64KiB", completion, false},
-		{"responses-tools/64KiB", responsesBody(64 << 10), false},
+		{"responses-tools/64KiB", responsesBody(64<<10, false), false},
+		{"chat-tools/64KiB", responsesBody(64<<10, true), false},
 	} {
 		if Parse(bm.body, bm.truncated).Format == None {
 			b.Fatalf("%s: not parsed", bm.name)

@@ -113,7 +113,11 @@
 //	ReadBody 64 KiB                1.06 GiB/s     3
 //
 // The chat bodies are multi-turn English with line breaks, quotes and some non-ASCII, written by
-// encoding/json. Measured with
+// encoding/json. A Responses body of 64 KiB with six function tools (4.5 KB of JSON Schema) and
+// output_text parts in its assistant items parses at 0.87-0.95 times the speed of the chat body
+// of the same size, and at 0.97 times that of the same conversation as a chat body with the same
+// tools (medians of 20 runs of thread CPU time, five sessions): tool schemas and typed parts are
+// denser JSON than prose, in either format. Measured with
 //
 //	go test -run '^$' -bench . -benchmem -count 10 ./kvroute/llmreq/ > /tmp/llmreq-bench.txt
 //	benchstat /tmp/llmreq-bench.txt
