@@ -12,8 +12,8 @@
 //
 //   - Tree.Match reports, in one walk, the input's length and every tenant on the matched
 //     path with the leading runes it holds, longest first, then most recently used. The
-//     caller picks the first acceptable one (Match.Best), instead of being handed one
-//     arbitrary tenant of the deepest node that may be down.
+//     caller picks the first acceptable one (kvroute ranks them among its candidates),
+//     instead of being handed one arbitrary tenant of the deepest node that may be down.
 //   - Ties are broken by recency, never by map order: every insert stamps its whole path with
 //     a tick of the forest's clock. Matching is not use and stamps nothing.
 //   - Limits.MaxChars bounds the chars stored across all trees of a Forest, each node counted
@@ -42,36 +42,5 @@
 // names are interned to small ids per forest; a removed tenant's id is reused only after a
 // minute, so that a match in flight never reports it under another name.
 //
-// # Performance
-//
-// Medians of
-//
-//	go test -run '^$' -bench . -benchmem -count 10 ./tree/ > /tmp/tree-bench.txt
-//	benchstat /tmp/tree-bench.txt
-//
-// on a shared 2-core AMD EPYC VM (GOMAXPROCS 2, Go 1.26; other jobs kept the load average
-// between 5 and 11, hence the spreads). Prompts are half one of eight system prompts, half
-// text of their own; "stored" matches a prompt inserted before, "new" one that shares only its
-// system prompt.
-//
-//	Match, 4 KiB prompt, 1M chars stored       720 ns ±14% stored, 1.05 µs ±20% new, 0 allocs
-//	Match, 4 KiB prompt, 64M chars stored     1.04 µs ±10% stored, 1.28 µs ±11% new, 0 allocs
-//	Match, 64 KiB prompt, 1M chars stored      2.9 µs ±11% stored, 13.2 µs ±23% new, 0 allocs
-//	Match, 64 KiB prompt, 64M chars stored    17.4 µs ±32% stored, 20.5 µs ±23% new, 0 allocs
-//	Match, 4 KiB, 64M, 2 goroutines            964 ns/op ±52% (throughput), 0 allocs
-//	Match+Insert (routing), 2 goroutines       887 ns/op ±128%, 0 allocs
-//	Insert, 4 KiB, system prompt cached       1.96 µs ±65%, 3.4 KiB, 10 allocs
-//	Insert, 4 KiB, stored before              1.21 µs ±34%, 0 allocs
-//	Insert, 64 KiB, system prompt cached      25.8 µs ±24%, 48 KiB, 10 allocs
-//	Insert, 64 KiB, stored before             11.4 µs ±61%, 0 allocs
-//	Mooncake trace, 3,993 prompts             85.3M chars in 5,825 nodes, 1.05 B/char of heap,
-//	                                          built in 282 ms ±42%
-//	Eviction pass, 64M chars down to 40M      27.7 ms ±35% alone; 464 ms ±40% against two
-//	(26.8M chars, ~13k leaves freed)          goroutines matching flat out, which kept 0.90
-//	                                          ±20% of their idle throughput (idle 1.54M/s)
-//
-// Targets: Match of 4 KiB at most 3 µs with no allocation at 1M and 64M chars; Insert of
-// 4 KiB sharing a cached prefix at most 5 µs; at most 2.5 B of heap per char on the trace;
-// matching during a pass at least half as fast as idle. All met. The heap figure is for
-// ASCII; text costs its UTF-8 size (about 3 B per char for CJK) plus the same small overhead.
+// Benchmarks and their figures: docs/benchmarks.md in the repository.
 package tree

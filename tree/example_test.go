@@ -24,13 +24,18 @@ func Example() {
 	for _, tm := range m.Tenants {
 		fmt.Printf("%s holds %d of %d chars\n", tm.Tenant, tm.Runes, m.Runes)
 	}
+	// The first tenant the caller accepts is its longest acceptable match.
 	saturated := map[string]bool{"10.0.0.1:8000": true}
-	best, ok := m.Best(func(upstream string) bool { return !saturated[upstream] })
-	fmt.Println(best.Tenant, best.Runes, ok)
+	for _, tm := range m.Tenants {
+		if !saturated[tm.Tenant] {
+			fmt.Println("route to", tm.Tenant)
+			break
+		}
+	}
 	// Output:
 	// 10.0.0.1:8000 holds 44 of 51 chars
 	// 10.0.0.2:8000 holds 29 of 51 chars
-	// 10.0.0.2:8000 29 true
+	// route to 10.0.0.2:8000
 }
 
 func ExampleForest_Evict() {

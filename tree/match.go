@@ -24,24 +24,6 @@ type hit struct {
 	id    uint32
 }
 
-// Best returns the first (longest, then most recent) tenant that accept approves.
-func (m *Match) Best(accept func(tenant string) bool) (TenantMatch, bool) {
-	for _, tm := range m.Tenants {
-		if accept(tm.Tenant) {
-			return tm, true
-		}
-	}
-	return TenantMatch{}, false
-}
-
-// Ratio returns the share of the input the best tenant holds, between 0 and 1.
-func (m *Match) Ratio() float64 {
-	if m.Runes == 0 || len(m.Tenants) == 0 {
-		return 0
-	}
-	return float64(m.Tenants[0].Runes) / float64(m.Runes)
-}
-
 func (m *Match) reset() {
 	m.Runes = 0
 	clear(m.Tenants)

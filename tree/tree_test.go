@@ -3,6 +3,7 @@ package tree
 import (
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -21,9 +22,6 @@ func TestColdStart(t *testing.T) {
 	}
 	if got := f.Tenants(); len(got) != 0 {
 		t.Fatalf("matching registered tenants %v", got)
-	}
-	if _, ok := match(tr, "hello").Best(func(string) bool { return true }); ok {
-		t.Fatal("Best on a cold match reported a tenant")
 	}
 	check(t, f)
 }
@@ -460,26 +458,18 @@ func TestTieBreak(t *testing.T) {
 	}
 }
 
-func TestBest(t *testing.T) {
+// A match lists every tenant of the path, longest first: the caller takes the first it
+// accepts (an upstream that is down is skipped, not the whole match lost).
+func TestMatchListsEveryTenantLongestFirst(t *testing.T) {
 	f := newTestForest(Limits{})
 	tr := f.Tree("")
 	tr.Insert("system prompt, question one", "10.0.0.1:8000")
 	tr.Insert("system prompt, question two", "10.0.0.2:8000")
 	tr.Insert("system", "10.0.0.3:8000")
 	m := match(tr, "system prompt, question one!")
-	down := map[string]bool{"10.0.0.1:8000": true}
-	got, ok := m.Best(func(tn string) bool { return !down[tn] })
-	if !ok || got != (TenantMatch{"10.0.0.2:8000", 24}) {
-		t.Errorf("Best = %v %v, want 10.0.0.2:8000 24", got, ok)
-	}
-	if got, _ := m.Best(func(string) bool { return true }); got.Tenant != "10.0.0.1:8000" || got.Runes != 27 {
-		t.Errorf("Best(all) = %v", got)
-	}
-	if _, ok := m.Best(func(string) bool { return false }); ok {
-		t.Error("Best(none) found a tenant")
-	}
-	if r := m.Ratio(); r != 27.0/28 {
-		t.Errorf("Ratio = %v", r)
+	want := []TenantMatch{{"10.0.0.1:8000", 27}, {"10.0.0.2:8000", 24}, {"10.0.0.3:8000", 6}}
+	if m.Runes != 28 || !slices.Equal(m.Tenants, want) {
+		t.Errorf("match = %s, want Runes 28 and %v", showMatch(m), want)
 	}
 }
 

@@ -101,24 +101,6 @@
 //
 // Parse is a purpose-built single-pass scanner: values routing does not need are skipped without
 // copying, strings are unescaped in runs found 8 bytes at a time, scratch buffers are pooled,
-// and a parse allocates only its results (the text, the model, the session id). Medians of 10
-// runs on a busy shared 2-core AMD EPYC (go1.26, linux/amd64; the spread is wide, ±15-60%):
-//
-//	benchmark                      speed          allocs/op
-//	Parse chat 4 KiB               471 MiB/s      2
-//	Parse chat 64 KiB              713 MiB/s      2
-//	Parse chat 64 KiB, truncated   802 MiB/s      1
-//	Parse anthropic 64 KiB         792 MiB/s      2
-//	Parse completion 64 KiB        789 MiB/s      1
-//	ReadBody 64 KiB                1.06 GiB/s     3
-//
-// The chat bodies are multi-turn English with line breaks, quotes and some non-ASCII, written by
-// encoding/json. A Responses body of 64 KiB with six function tools (4.5 KB of JSON Schema) and
-// output_text parts in its assistant items parses at 0.87-0.95 times the speed of the chat body
-// of the same size, and at 0.97 times that of the same conversation as a chat body with the same
-// tools (medians of 20 runs of thread CPU time, five sessions): tool schemas and typed parts are
-// denser JSON than prose, in either format. Measured with
-//
-//	go test -run '^$' -bench . -benchmem -count 10 ./kvroute/llmreq/ > /tmp/llmreq-bench.txt
-//	benchstat /tmp/llmreq-bench.txt
+// and a parse allocates only its results (the text, the model, the session id). Benchmarks and
+// their figures: docs/benchmarks.md in the repository.
 package llmreq
