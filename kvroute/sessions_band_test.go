@@ -138,12 +138,16 @@ func TestSessionCookielessFloodEvictsNobody(t *testing.T) {
 	p := newPolicy(t, &KVCacheAware{MaxSessions: 1000, SessionCookie: &SessionCookie{Secret: testSecret}})
 	pool := newPool("a:1", "b:1", "c:1", "d:1")
 	home := pick(t, p, pool, "m", coldPrompt(1), "X-Session-ID", "live")
-	most := 0
+	most, pending := 0, 0
 	for i := range 2000 {
 		pick(t, p, pool, "m", coldPrompt(i))
 		most = max(most, p.state.sessions.len())
+		pending = max(pending, p.state.pending.len())
 	}
-	t.Logf("2,000 cookieless requests: at most %d bindings held (max_sessions 1000)", most)
+	t.Logf("2,000 cookieless requests: at most %d bindings in the store, %d issued ids pending (max_sessions 1000)", most, pending)
+	if pending > 1000/10 {
+		t.Errorf("%d issued ids pending, over a tenth of max_sessions", pending)
+	}
 	if got := pick(t, p, pool, "m", coldPrompt(99999), "X-Session-ID", "live"); got != home {
 		t.Errorf("the live header session went to %s after a cookieless flood, want %s", got, home)
 	}
