@@ -23,9 +23,11 @@ var ErrBodySpent = errors.New("request body partly sent to an earlier upstream a
 //   - the Incremental header set to ?1 (draft-ietf-httpbis-incremental, which Caddy's
 //     reverse_proxy honours by forwarding the body as it arrives): no;
 //   - a Content-Type other than application/json or a +json type (gRPC, application/grpc+json
-//     included, form data, NDJSON, SSE, octet streams): no. The servers behind kvroute (vLLM's
-//     and SGLang's FastAPI) only parse JSON bodies as requests;
-//   - otherwise, JSON or no Content-Type at all (as curl and some SDKs send): yes.
+//     included, multipart form data, NDJSON, SSE, octet streams): no. The servers behind kvroute
+//     (vLLM's and SGLang's FastAPI) only parse JSON bodies as requests;
+//   - otherwise, JSON, no Content-Type at all (as some SDKs send), or
+//     application/x-www-form-urlencoded, which `curl -d` sends with a JSON body unless told
+//     otherwise (a form is sent whole, never streamed): yes.
 //
 // A JSON body that arrives slowly is still read (bounded by max_body and the server's read
 // timeouts): its length alone tells nothing, since clients stream bodies of known length too.
@@ -50,7 +52,7 @@ func Routable(r *http.Request) bool {
 	if strings.HasPrefix(mt, "application/grpc") {
 		return false
 	}
-	return mt == "application/json" || strings.HasSuffix(mt, "+json")
+	return mt == "application/json" || strings.HasSuffix(mt, "+json") || mt == "application/x-www-form-urlencoded"
 }
 
 // chunkSize is the size of the pooled chunks ReadBody reads into: it holds the bytes as they

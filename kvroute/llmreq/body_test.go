@@ -485,7 +485,8 @@ func TestRoutable(t *testing.T) {
 		{"POST", "text/event-stream", "", -1, false},
 		{"POST", "application/octet-stream", "", 10, false},
 		{"POST", "multipart/form-data; boundary=x", "", 10, false},
-		{"POST", "application/x-www-form-urlencoded", "", 10, false},
+		{"POST", "application/x-www-form-urlencoded", "", 10, true}, // what curl -d sends
+		{"POST", "multipart/form-data; boundary=x", "", 10, false},
 		{"POST", "garbage;;;", "", 10, false},
 		{"POST", "application/json", "Incremental: ?1", -1, false},
 		{"POST", "application/json", "Incremental: ?0", -1, true},
