@@ -121,7 +121,7 @@ func (p *KVCacheAware) Provision(ctx caddy.Context) error {
 		return err
 	}
 	p.reg = &registration{
-		config:      ctx.Context,
+		config:      ctx.Done(),
 		provisioned: time.Now(),
 		static:      static,
 		profiles:    p.Upstreams,

@@ -1,7 +1,6 @@
 package kvroute
 
 import (
-	"context"
 	"fmt"
 	"math"
 	"sort"
@@ -52,7 +51,10 @@ type upstreamState struct {
 // registration is what the state knows of one provisioned policy: the state serves policies
 // without knowing their type.
 type registration struct {
-	config      context.Context // identifies the config the policy belongs to
+	// config identifies the config the policy belongs to: the Done channel of the config's
+	// context. Caddy hands each server of a config a context of its own (with its server as a
+	// value), all derived from the config's one cancelable context, whose Done they share.
+	config      <-chan struct{}
 	provisioned time.Time
 	static      []string                  // dial addresses of its reverse_proxy's static upstreams
 	profiles    map[string]energy.Profile // its upstream blocks

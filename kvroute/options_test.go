@@ -1,0 +1,146 @@
+package kvroute
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+)
+
+// Each option is checked once (options.go), from the Caddyfile (with file:line) and from JSON
+// (at provision), with the same message.
+func TestOptionChecksShared(t *testing.T) {
+	for _, tt := range []struct {
+		caddyfile, json, want string
+	}{
+		{"eviction_interval 1ns", `{"eviction_interval": 1}`, "eviction_interval: must be at least 1s"},
+		{"session_ttl 10ms", `{"session_ttl": "10ms"}`, "session_ttl: must be at least 1s"},
+		{"cache_threshold 2", `{"cache_threshold": 2}`, "cache_threshold: must be between 0 and 1"},
+		{"balance_rel_threshold 0.5", `{"balance_rel_threshold": 0.5}`, "balance_rel_threshold: must be a finite number >= 1"},
+		{"balance_abs_threshold -1", `{"balance_abs_threshold": -1}`, "balance_abs_threshold: must be >= 0"},
+		{"on_imbalance sideways", `{"on_imbalance": "sideways"}`, "on_imbalance: must be prefix_in_band or least_busy"},
+		{"max_sessions -5", `{"max_sessions": -5}`, "max_sessions: must be positive"},
+		{"session_header \"X Session\"", `{"session_header": "X Session"}`, "session_header: \"X Session\" is not a valid HTTP header name"},
+		{"session_cookie kv:session", `{"session_cookie": {"name": "kv:session"}}`, "session_cookie: invalid cookie name"},
+		{"fallback cheapest", `{"fallback": "cheapest"}`, "fallback: unknown placement strategy"},
+	} {
+		d := caddyfile.NewTestDispenser("kv_cache_aware {\n" + tt.caddyfile + "\n}")
+		err := new(KVCacheAware).UnmarshalCaddyfile(d)
+		if err == nil || !strings.Contains(err.Error(), tt.want) || !strings.Contains(err.Error(), "Testfile:2") {
+			t.Errorf("Caddyfile %q: got %v, want %q at Testfile:2", tt.caddyfile, err, tt.want)
+		}
+		var p KVCacheAware
+		if err := json.Unmarshal([]byte(tt.json), &p); err != nil {
+			t.Fatalf("%s: %v", tt.json, err)
+		}
+		ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+		err = p.Provision(ctx)
+		cancel()
+		if err == nil {
+			_ = p.Cleanup()
+		}
+		if err == nil || !strings.HasPrefix(err.Error(), tt.want) {
+			t.Errorf("JSON %s: got %v, want %q", tt.json, err, tt.want)
+		}
+		if err := p.Validate(); err == nil || !strings.HasPrefix(err.Error(), tt.want) {
+			t.Errorf("JSON %s: Validate() = %v, want %q", tt.json, err, tt.want)
+		}
+	}
+}
+
+// A mistyped option name gets the nearest option suggested.
+func TestOptionDidYouMean(t *testing.T) {
+	d := caddyfile.NewTestDispenser("kv_cache_aware {\ncache_treshold 0.2\n}")
+	err := new(KVCacheAware).UnmarshalCaddyfile(d)
+	if err == nil || !strings.Contains(err.Error(), `did you mean "cache_threshold"?`) || !strings.Contains(err.Error(), "Testfile:2") {
+		t.Errorf("got %v", err)
+	}
+	d = caddyfile.NewTestDispenser("kv_cache_aware {\nfrobnicate 1\n}")
+	if err := new(KVCacheAware).UnmarshalCaddyfile(d); err == nil || !strings.Contains(err.Error(), "options: cache_threshold") {
+		t.Errorf("got %v", err)
+	}
+}
+
+// Policies of one config share one state: they must agree on the process-wide options they
+// give; a policy that leaves one out takes the config's value.
+func TestProcessOptionsAgreeWithinAConfig(t *testing.T) {
+	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+	defer cancel()
+	a := &KVCacheAware{MaxSessions: 500}
+	if err := a.Provision(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer a.Cleanup()
+	b := &KVCacheAware{} // leaves max_sessions out
+	if err := b.Provision(ctx); err != nil {
+		t.Fatalf("a policy leaving max_sessions out refused: %v", err)
+	}
+	defer b.Cleanup()
+	if got := a.state.sessions.max.Load(); got != 500 {
+		t.Errorf("max_sessions in force %d, want the config's 500", got)
+	}
+	c := &KVCacheAware{MaxSessions: 600}
+	if err := c.Provision(ctx); err == nil || !strings.HasPrefix(err.Error(), "max_sessions:") {
+		t.Errorf("disagreeing max_sessions: got %v", err)
+		_ = c.Cleanup()
+	}
+	// Another config (a reload) may change it.
+	ctx2, cancel2 := caddy.NewContext(caddy.Context{Context: context.Background()})
+	defer cancel2()
+	d := &KVCacheAware{MaxSessions: 700}
+	if err := d.Provision(ctx2); err != nil {
+		t.Fatal(err)
+	}
+	defer d.Cleanup()
+	if got := a.state.sessions.max.Load(); got != 700 {
+		t.Errorf("max_sessions in force %d after a newer config, want 700", got)
+	}
+}
+
+// The same through Caddy: two servers of one config (Caddy gives each server a context of its
+// own) must agree on max_sessions; a server that leaves it out takes the config's value.
+func TestProcessOptionsAgreeAcrossServers(t *testing.T) {
+	ps := newProbes(t, 2)
+	startCaddy(t, relConfig(ps.addrs(), "", "", ""))
+	twoServers := func(a, b string) string {
+		return fmt.Sprintf(`{
+	admin localhost:2999
+	http_port %[1]d
+	https_port 9443
+}
+localhost:%[1]d {
+	reverse_proxy %[2]s {
+		lb_policy kv_cache_aware {
+			%[3]s
+		}
+	}
+}
+localhost:%[4]d {
+	reverse_proxy %[2]s {
+		lb_policy kv_cache_aware {
+			%[5]s
+		}
+	}
+}
+`, httpPort, strings.Join(ps.addrs(), " "), a, httpPort+1, b)
+	}
+	resp, err := http.Post(adminURL+"/load", "text/caddyfile", strings.NewReader(twoServers("max_sessions 500", "max_sessions 600")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode == http.StatusOK || !strings.Contains(string(body), "max_sessions") {
+		t.Errorf("two servers disagreeing on max_sessions: %d %s", resp.StatusCode, body)
+	}
+	load(t, twoServers("max_sessions 500", ""))
+	if s := currentState(); s == nil || s.sessions.max.Load() != 500 {
+		t.Errorf("max_sessions in force: want the config's 500")
+	}
+}
