@@ -42,14 +42,16 @@ func (a Admin) Routes() []caddy.AdminRoute {
 
 // Status is the JSON answer of GET /kvroute/.
 type Status struct {
-	Loaded       bool                      `json:"loaded"` // a kv_cache_aware policy is in the running config
-	StoredChars  int64                     `json:"stored_chars"`
-	Sessions     int                       `json:"sessions"`
-	Models       map[string]ModelStatus    `json:"models"`
-	Upstreams    map[string]UpstreamStatus `json:"upstreams"`
-	Evictions    int64                     `json:"evictions"`
-	EvictedChars int64                     `json:"evicted_chars"`
-	LastEviction *evictionRecord           `json:"last_eviction,omitempty"`
+	Loaded      bool  `json:"loaded"` // a kv_cache_aware policy is in the running config
+	StoredChars int64 `json:"stored_chars"`
+	Sessions    int   `json:"sessions"`
+	// PendingSessions are cookie ids issued and not yet presented back (held apart).
+	PendingSessions int                       `json:"pending_sessions"`
+	Models          map[string]ModelStatus    `json:"models"`
+	Upstreams       map[string]UpstreamStatus `json:"upstreams"`
+	Evictions       int64                     `json:"evictions"`
+	EvictedChars    int64                     `json:"evicted_chars"`
+	LastEviction    *evictionRecord           `json:"last_eviction,omitempty"`
 }
 
 // ModelStatus is one model's tree.
@@ -112,6 +114,7 @@ func status(s *state) Status {
 	st.Loaded = s.loaded()
 	st.StoredChars = s.forest.Chars()
 	st.Sessions = s.sessions.len()
+	st.PendingSessions = s.pending.len()
 	st.Evictions = s.evictions.Load()
 	st.EvictedChars = s.evictedChars.Load()
 	st.LastEviction = s.lastEviction.Load()

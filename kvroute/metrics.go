@@ -81,6 +81,8 @@ var (
 		"Requests the router sent to the upstream that have not finished.", []string{"upstream"}, nil)
 	descSessions = prometheus.NewDesc(ns+"_"+sub+"_sessions",
 		"Live session bindings.", nil, nil)
+	descPending = prometheus.NewDesc(ns+"_"+sub+"_pending_sessions",
+		"Session cookie ids issued and not yet presented back, held apart from the bindings.", nil, nil)
 	descEvictedChars = prometheus.NewDesc(ns+"_"+sub+"_evicted_chars_total",
 		"Chars evicted from the prefix trees by the periodic eviction.", nil, nil)
 	descEvictionRuns = prometheus.NewDesc(ns+"_"+sub+"_evictions_total",
@@ -92,6 +94,7 @@ func (*stateCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- descStoredChars
 	ch <- descInFlight
 	ch <- descSessions
+	ch <- descPending
 	ch <- descEvictedChars
 	ch <- descEvictionRuns
 }
@@ -103,6 +106,7 @@ func (*stateCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	ch <- prometheus.MustNewConstMetric(descStoredChars, prometheus.GaugeValue, float64(s.forest.Chars()))
 	ch <- prometheus.MustNewConstMetric(descSessions, prometheus.GaugeValue, float64(s.sessions.len()))
+	ch <- prometheus.MustNewConstMetric(descPending, prometheus.GaugeValue, float64(s.pending.len()))
 	ch <- prometheus.MustNewConstMetric(descEvictedChars, prometheus.CounterValue, float64(s.evictedChars.Load()))
 	ch <- prometheus.MustNewConstMetric(descEvictionRuns, prometheus.CounterValue, float64(s.evictions.Load()))
 	for _, addr := range s.upstreamAddrs() {

@@ -59,6 +59,8 @@ type settings struct {
 	fallback         string
 	cookie           *SessionCookie // nil: no cookie sessions; Name defaulted
 	cookieSecretSet  bool           // a secret was given, even if it resolved to nothing
+	resolved         bool           // placeholders in the secret were replaced (Provision)
+	secretErr        error          // a placeholder of the secret did not resolve
 }
 
 // settings resolves p's options. With resolve, placeholders in the cookie secret are replaced
@@ -81,7 +83,10 @@ func (p *KVCacheAware) settings(resolve bool) settings {
 		s.cookie = &SessionCookie{Name: or(c.Name, DefaultCookieName), Secret: c.Secret}
 		s.cookieSecretSet = c.Secret != ""
 		if resolve && c.Secret != "" {
-			s.cookie.Secret = caddy.NewReplacer().ReplaceKnown(c.Secret, "")
+			s.resolved = true
+			// Every placeholder must resolve to something: a typo or an unset variable
+			// must not sign cookies with the config's own text, or with nothing.
+			s.cookie.Secret, s.secretErr = caddy.NewReplacer().ReplaceOrErr(c.Secret, true, true)
 		}
 	}
 	return s
@@ -144,8 +149,14 @@ var optionChecks = []struct {
 		if err := (&http.Cookie{Name: c.Name, Value: "x"}).Valid(); err != nil {
 			return fmt.Errorf("invalid cookie name %q (a cookie name is an HTTP token: letters, digits and !#$%%&'*+-.^_`|~)", c.Name)
 		}
-		if !s.cookieSecretSet || strings.Contains(c.Secret, "{") {
-			return nil // no secret (unsigned ids), or placeholders not resolved yet
+		if !s.cookieSecretSet {
+			return nil // no secret: unsigned ids
+		}
+		if s.secretErr != nil {
+			return fmt.Errorf("the secret did not resolve (is its environment variable set?): %v; make one with `openssl rand -base64 32`", s.secretErr)
+		}
+		if !s.resolved && strings.Contains(c.Secret, "{") {
+			return nil // a placeholder, replaced at provision
 		}
 		if len(c.Secret) < minSecretBytes {
 			what := fmt.Sprintf("is %d bytes", len(c.Secret))

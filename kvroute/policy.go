@@ -49,8 +49,9 @@ type KVCacheAware struct {
 	// A session binding unused for this long is dropped (at least 1s). Default: 30m.
 	// Process-wide.
 	SessionTTL caddy.Duration `json:"session_ttl,omitempty"`
-	// Bindings held at most, exactly (least recently used go first). Default: 100000.
-	// Process-wide.
+	// Bindings held at most, exactly (least recently used go first). Default: 100000. Cookie
+	// ids issued and not yet presented back are held apart, up to a tenth of this number, so
+	// that clients without cookies evict nobody. Process-wide.
 	MaxSessions int `json:"max_sessions,omitempty"`
 	// Output tokens assumed for energy placement when the request states none. Default: 256.
 	ExpectedTokens int `json:"expected_tokens,omitempty"`

@@ -42,7 +42,7 @@ type candidate struct {
 //
 // Load is defined in load.go.
 func (p *KVCacheAware) Select(pool reverseproxy.UpstreamPool, r *http.Request, w http.ResponseWriter) *reverseproxy.Upstream {
-	p.state.startBackground()
+	p.state.ready()
 	req := attemptFor(r, DefaultMaxBody)
 	defer req.placed()
 
@@ -222,13 +222,18 @@ func (p *KVCacheAware) session(r *http.Request, req *llmRequest, pool reversepro
 	switch i := indexOf(cands, addr); {
 	case i >= 0 && b.holds(cands[i].load):
 		s.chosen = i
-	case i >= 0:
-		s.keep = store == p.state.sessions // out of band: skipped for this request only
+	case i >= 0 || p.keepsBinding(pool, addr, req.Model):
+		// Skipped for this request only: out of band, saturated, or another site's upstream.
+		if s.source == fromCookie && store == p.state.pending {
+			// The client presented its cookie back: the binding it earned leaves pending as it
+			// is, not rebound to where this one request goes.
+			p.state.sessions.bind(req.Model, s.id, addr, time.Now())
+			store.forgetBinding(req.Model, s.id)
+		}
+		s.keep = s.source != issued
 	case slices.Contains(req.tried, addr):
 		// An earlier attempt of this request failed there: the session moves to where this
 		// attempt goes (its latest turn will be cached there).
-	case p.keepsBinding(pool, addr, req.Model):
-		s.keep = store == p.state.sessions
 	default:
 		store.forgetBinding(req.Model, s.id)
 	}

@@ -20,6 +20,7 @@ type sessionStore struct {
 	max    atomic.Int64 // bindings in all
 	ttl    atomic.Int64 // nanoseconds
 	live   atomic.Int64
+	next   atomic.Uint32 // where evictElsewhere starts, so that no shard is always first
 }
 
 type sessionShard struct {
@@ -49,11 +50,16 @@ func newSessionStore(max int, ttl time.Duration) *sessionStore {
 	return s
 }
 
-// configure sets the cap and the TTL (both already checked and defaulted); a smaller cap takes
-// effect on the next bind.
+// configure sets the cap and the TTL (both already checked and defaulted); a smaller cap
+// trims the store at once, least recently used first in each shard.
 func (s *sessionStore) configure(max int, ttl time.Duration) {
 	s.max.Store(int64(max))
 	s.ttl.Store(int64(ttl))
+	for s.live.Load() > int64(max) {
+		if !s.evictElsewhere(nil) {
+			return
+		}
+	}
 }
 
 // shard hashes the session id alone, so that forgetting an id for every model can stop at
@@ -109,11 +115,13 @@ func (s *sessionStore) bind(model, sid, upstream string, now time.Time) {
 	}
 }
 
-// evictElsewhere removes the least recently used binding of the first other shard that has
-// one: the shard just written to held only the new binding.
-func (s *sessionStore) evictElsewhere(skip *sessionShard) {
-	for i := range s.shards {
-		sh := &s.shards[i]
+// evictElsewhere removes the least recently used binding of another shard that has one (the
+// shard just written to held only the new binding), starting from a different shard each time;
+// it reports whether it removed one.
+func (s *sessionStore) evictElsewhere(skip *sessionShard) bool {
+	start := s.next.Add(1)
+	for i := range uint32(sessionShards) {
+		sh := &s.shards[(start+i)%sessionShards]
 		if sh == skip {
 			continue
 		}
@@ -122,10 +130,11 @@ func (s *sessionStore) evictElsewhere(skip *sessionShard) {
 			sh.remove(sh.head.prev)
 			sh.mu.Unlock()
 			s.live.Add(-1)
-			return
+			return true
 		}
 		sh.mu.Unlock()
 	}
+	return false
 }
 
 // forgetBinding removes sid's binding for model.

@@ -133,6 +133,7 @@ type state struct {
 	// route nothing); Destruct stops them.
 	started   atomic.Bool
 	startOnce sync.Once
+	dirty     atomic.Bool // a config registered since the options in force were applied
 
 	lastEviction atomic.Pointer[evictionRecord]
 	evictedChars atomic.Int64
@@ -186,9 +187,15 @@ func currentState() *state {
 	return s
 }
 
-// startBackground starts the background sources once, on the first decision. The check on
-// the request path is one atomic load.
-func (s *state) startBackground() {
+// ready runs on every decision: it puts a newly registered config's process-wide options in
+// force (a config is only known to be accepted once it routes) and starts the background
+// sources once. On the request path it costs two atomic loads.
+func (s *state) ready() {
+	if s.dirty.Load() {
+		s.mu.Lock()
+		s.applyNewestLocked()
+		s.mu.Unlock()
+	}
 	if s.started.Load() {
 		return
 	}
@@ -204,9 +211,11 @@ func (s *state) Destruct() error {
 	return nil
 }
 
-// register adds a provisioned policy. The newest config's process-wide options are applied (a
-// smaller max_tree_size evicts at once); kv_capacity bounds are the union over live policies.
-// A policy whose process-wide options disagree with another policy of its config is refused.
+// register adds a provisioned policy; a policy whose process-wide options disagree with
+// another policy of its config is refused. Its options are not applied yet: a config can still
+// be refused after this policy provisioned (by another module), and the old config must then
+// keep serving as it was. They are applied when the config routes its first request (ready)
+// or when the config it replaces lets go (unregister), whichever comes first.
 func (s *state) register(r *registration) error {
 	s.mu.Lock()
 	config := r.process
@@ -220,8 +229,7 @@ func (s *state) register(r *registration) error {
 	}
 	s.regs[r] = struct{}{}
 	s.publishStaticLocked()
-	s.logger = r.logger
-	s.applyLocked(config.withDefaults())
+	s.dirty.Store(true)
 	s.mu.Unlock()
 	return nil
 }
@@ -247,14 +255,7 @@ func (s *state) unregister(r *registration) {
 			gone = append(gone, a)
 		}
 	}
-	config := processOptions{}
-	for q := range s.regs {
-		if q.config == newest.config {
-			_ = config.merge(q.process) // they agreed when they registered
-		}
-	}
-	s.logger = newest.logger
-	s.applyLocked(config.withDefaults())
+	s.applyNewestLocked()
 	logger := s.logger
 	s.mu.Unlock()
 	for _, a := range gone {
@@ -263,6 +264,25 @@ func (s *state) unregister(r *registration) {
 				zap.String("upstream", a), zap.Int64("chars", chars), zap.Int("sessions", sessions))
 		}
 	}
+}
+
+// applyNewestLocked puts the newest live config's process-wide options in force (a smaller
+// max_tree_size evicts at once, a smaller max_sessions trims the store); kv_capacity bounds
+// are the union over live policies.
+func (s *state) applyNewestLocked() {
+	s.dirty.Store(false)
+	newest := s.newestLocked()
+	if newest == nil {
+		return
+	}
+	config := processOptions{}
+	for q := range s.regs {
+		if q.config == newest.config {
+			_ = config.merge(q.process) // they agreed when they registered
+		}
+	}
+	s.logger = newest.logger
+	s.applyLocked(config.withDefaults())
 }
 
 // applyLocked puts process-wide options in force.
