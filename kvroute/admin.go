@@ -78,7 +78,11 @@ func (a Admin) serve(w http.ResponseWriter, r *http.Request) error {
 		if r.Method != http.MethodGet && r.Method != http.MethodHead {
 			return apiError(http.StatusMethodNotAllowed, "method %s not allowed; use GET", r.Method)
 		}
-		return writeJSON(w, http.StatusOK, status(currentState()))
+		st := Status{Models: map[string]ModelStatus{}, Upstreams: map[string]UpstreamStatus{}}
+		if s := currentState(); s != nil {
+			st = s.status()
+		}
+		return writeJSON(w, http.StatusOK, st)
 	case rest == "/reset":
 		if r.Method != http.MethodPost {
 			return apiError(http.StatusMethodNotAllowed, "method %s not allowed; use POST", r.Method)
@@ -104,55 +108,6 @@ func (a Admin) serve(w http.ResponseWriter, r *http.Request) error {
 	default:
 		return apiError(http.StatusNotFound, "no such endpoint; see GET /kvroute/")
 	}
-}
-
-func status(s *state) Status {
-	st := Status{Models: map[string]ModelStatus{}, Upstreams: map[string]UpstreamStatus{}}
-	if s == nil {
-		return st
-	}
-	st.Loaded = s.loaded()
-	st.StoredChars = s.forest.Chars()
-	st.Sessions = s.sessions.len()
-	st.PendingSessions = s.pending.len()
-	st.Evictions = s.evictions.Load()
-	st.EvictedChars = s.evictedChars.Load()
-	st.LastEviction = s.lastEviction.Load()
-	addrs := s.upstreamAddrs()
-	for _, name := range s.forest.Names() {
-		t := s.forest.Get(name)
-		if t == nil {
-			continue
-		}
-		ms := ModelStatus{Chars: t.Chars(), TreeChars: map[string]int64{}}
-		for _, a := range addrs {
-			if c := t.TenantChars(a); c > 0 {
-				ms.TreeChars[a] = c
-			}
-		}
-		st.Models[name] = ms
-	}
-	bound := s.sessions.perUpstream()
-	for _, a := range addrs {
-		us := UpstreamStatus{TreeChars: s.forest.TenantChars(a), Sessions: bound[a], Decisions: map[string]uint64{}}
-		if v, ok := s.upstreams.Load(a); ok {
-			u := v.(*upstreamState)
-			us.InFlight = u.inFlight.Load()
-			us.QueuedTokens = u.queuedTokens.Load()
-			for i, n := range pathNames {
-				us.Decisions[n] = u.decisions[i].Load()
-			}
-			if t := u.lastUsed.Load(); t > 0 {
-				tt := time.Unix(0, t).UTC()
-				us.LastDecision = &tt
-			}
-		}
-		if prof, ok := s.profile(a); ok {
-			us.Profile = &prof
-		}
-		st.Upstreams[a] = us
-	}
-	return st
 }
 
 func writeJSON(w http.ResponseWriter, code int, v any) error {

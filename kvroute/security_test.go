@@ -136,7 +136,7 @@ func TestSecurityNoPromptOrSessionInLogsOrMetrics(t *testing.T) {
 		t.Errorf("no metric labels gathered: the test observes nothing")
 	}
 
-	raw, _ := json.Marshal(status(p.state))
+	raw, _ := json.Marshal(p.state.status())
 	for _, s := range secrets {
 		if strings.Contains(string(raw), s) {
 			t.Errorf("GET /kvroute/ reveals %q", s)

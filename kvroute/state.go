@@ -502,3 +502,50 @@ func (s *state) profile(addr string) (energy.Profile, bool) {
 	}
 	return prof, newest != nil
 }
+
+// status answers the admin API's GET /kvroute/: what the state knows, per model and upstream.
+func (s *state) status() Status {
+	st := Status{Models: map[string]ModelStatus{}, Upstreams: map[string]UpstreamStatus{}}
+	st.Loaded = s.loaded()
+	st.StoredChars = s.forest.Chars()
+	st.Sessions = s.sessions.len()
+	st.PendingSessions = s.pending.len()
+	st.Evictions = s.evictions.Load()
+	st.EvictedChars = s.evictedChars.Load()
+	st.LastEviction = s.lastEviction.Load()
+	addrs := s.upstreamAddrs()
+	for _, name := range s.forest.Names() {
+		t := s.forest.Get(name)
+		if t == nil {
+			continue
+		}
+		ms := ModelStatus{Chars: t.Chars(), TreeChars: map[string]int64{}}
+		for _, a := range addrs {
+			if c := t.TenantChars(a); c > 0 {
+				ms.TreeChars[a] = c
+			}
+		}
+		st.Models[name] = ms
+	}
+	bound := s.sessions.perUpstream()
+	for _, a := range addrs {
+		us := UpstreamStatus{TreeChars: s.forest.TenantChars(a), Sessions: bound[a], Decisions: map[string]uint64{}}
+		if v, ok := s.upstreams.Load(a); ok {
+			u := v.(*upstreamState)
+			us.InFlight = u.inFlight.Load()
+			us.QueuedTokens = u.queuedTokens.Load()
+			for i, n := range pathNames {
+				us.Decisions[n] = u.decisions[i].Load()
+			}
+			if t := u.lastUsed.Load(); t > 0 {
+				tt := time.Unix(0, t).UTC()
+				us.LastDecision = &tt
+			}
+		}
+		if prof, ok := s.profile(a); ok {
+			us.Profile = &prof
+		}
+		st.Upstreams[a] = us
+	}
+	return st
+}
