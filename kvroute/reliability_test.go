@@ -26,8 +26,10 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/caddyserver/caddy/v2/caddytest"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 )
 
 // leakSlack is how many goroutines more than at its start a test may leave behind.
@@ -1088,4 +1090,42 @@ func TestSecurityAdminNotOnSiteListener(t *testing.T) {
 			before.Sessions, after.Sessions, before.StoredChars, after.StoredChars)
 	}
 	waitIdle(t)
+}
+
+// The routing text (up to 4 times max_body) is let go of once an attempt is placed, so that a
+// long stream does not hold it; a retry derives it again from the held body and records it
+// under the retry's upstream, and every attempt is handed the whole body. (Select alone, no
+// Caddy: the request's vars are what Caddy would give.)
+func TestSelectLetsGoOfRoutingTextUntilRetry(t *testing.T) {
+	p := newPolicy(t, nil)
+	pool := newPool("a:1", "b:1")
+	prompt := strings.Repeat("a long prompt that takes memory ", 300)
+	r, cancel := chatRequest("m", prompt)
+	defer cancel()
+	body := fmt.Sprintf(`{"model":%q,"messages":[{"role":"user","content":%q}]}`, "m", prompt)
+	want := routingText("m", prompt)
+	for attempt := range 3 {
+		up := p.Select(pool, r, nil)
+		if up == nil {
+			t.Fatalf("attempt %d: no upstream", attempt)
+		}
+		lr, _ := caddyhttp.GetVar(r.Context(), varRequest).(*llmRequest)
+		if lr == nil || lr.Text != "" || lr.Runes != utf8.RuneCountInString(want) {
+			t.Fatalf("attempt %d: after Select the request holds %d bytes of routing text (runes %d)", attempt, len(lr.Text), lr.Runes)
+		}
+		if n := p.state.forest.Get("m").MatchTenant(want, up.Dial); n != lr.Runes {
+			t.Errorf("attempt %d: %s holds %d of the %d runes of the routing text", attempt, up.Dial, n, lr.Runes)
+		}
+		got, err := io.ReadAll(io.LimitReader(r.Body, int64(len(body)/2+attempt)))
+		if err != nil || string(got) != body[:len(got)] {
+			t.Fatalf("attempt %d: the body starts with %.40q, %v", attempt, got, err)
+		}
+		r.Body.Close() // the attempt's transport, after a partial read
+		pool = newPool(otherThan(pool, up.Dial), up.Dial)
+	}
+	// And a last attempt reads the whole body.
+	p.Select(pool, r, nil)
+	if got, err := io.ReadAll(r.Body); err != nil || string(got) != body {
+		t.Errorf("last attempt: %d bytes of %d, %v", len(got), len(body), err)
+	}
 }
