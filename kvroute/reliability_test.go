@@ -1129,3 +1129,66 @@ func TestSelectLetsGoOfRoutingTextUntilRetry(t *testing.T) {
 		t.Errorf("last attempt: %d bytes of %d, %v", len(got), len(body), err)
 	}
 }
+
+// A request whose body is not an LLM request (NDJSON, gRPC, event streams) or asks to be
+// forwarded as it arrives (Incremental: ?1) is never waited on: the upstream gets its first
+// bytes while the client is still sending, through the matcher and through the policy alone.
+func TestReliabilityStreamingBodyNotWaitedOn(t *testing.T) {
+	leakCheck(t)
+	got := make(chan string, 64) // first lines, as the upstream reads them
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		line, _ := bufio.NewReader(r.Body).ReadString('\n')
+		select {
+		case got <- line:
+		default:
+		}
+		io.Copy(io.Discard, r.Body)
+	}))
+	t.Cleanup(up.Close)
+	startCaddy(t, relConfig([]string{up.Listener.Addr().String()}, "max_body 64KiB", "", ""))
+	c := newClient(t, 30*time.Second)
+	for _, path := range []string{"/v1/chat/completions", "/plain/v1/chat/completions"} {
+		for _, h := range [][2]string{
+			{"Content-Type", "application/x-ndjson"},
+			{"Content-Type", "application/grpc"},
+			{"Content-Type", "text/event-stream"},
+			{"Incremental", "?1"},
+		} {
+			t.Run(path+" "+h[0]+": "+h[1], func(t *testing.T) {
+				pr, pw := io.Pipe()
+				req, _ := http.NewRequest(http.MethodPost, baseURL+path, pr)
+				req.Header.Set(h[0], h[1])
+				done := make(chan error, 1)
+				go func() {
+					resp, err := c.Do(req)
+					if err == nil {
+						io.Copy(io.Discard, resp.Body)
+						resp.Body.Close()
+					}
+					done <- err
+				}()
+				// A marker of this case: a line that an earlier case's body delivered late
+				// must not count.
+				marker := fmt.Sprintf("first line of stream %s %s %s", path, h[0], h[1])
+				fmt.Fprintf(pw, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":%q}]}\n", marker)
+				deadline := time.After(5 * time.Second)
+			wait:
+				for {
+					select {
+					case line := <-got:
+						if strings.Contains(line, marker) {
+							break wait
+						}
+					case <-deadline:
+						t.Errorf("the upstream got nothing in 5 s: the body was held back while the client was still sending")
+						break wait
+					}
+				}
+				pw.Close()
+				if err := <-done; err != nil {
+					t.Errorf("request: %v", err)
+				}
+			})
+		}
+	}
+}
