@@ -103,6 +103,45 @@ func TestIntegrationModelTreesApart(t *testing.T) {
 	}
 }
 
+// Model names are client input: after more junk model names than there may be trees, a real
+// model still gets a tree of its own (the least recently used junk trees go), and one in use
+// keeps its tree and its prefixes through the flood.
+func TestIntegrationJunkModelsAgeOut(t *testing.T) {
+	f := newFleet(t, 2)
+	startCaddy(t, proxyConfig(f, "", "", ""))
+	st := currentState()
+	st.reset()
+	t.Cleanup(st.reset)
+	client := &http.Client{Timeout: 10 * time.Second}
+	prompt := strings.Repeat("a real system prompt, long enough to be a prefix match ", 4)
+	send(t, client, baseURL+"/v1/chat/completions", chatBody("real-a", prompt))
+	for i := range maxTrees + 100 {
+		send(t, client, baseURL+"/v1/chat/completions", chatBody(fmt.Sprintf("junk-%d", i), "hi"))
+		if i%200 == 0 { // real-a is in use during the flood
+			send(t, client, baseURL+"/v1/chat/completions", chatBody("real-a", prompt+fmt.Sprint(i)))
+		}
+	}
+	if n := st.forest.Len(); n > maxTrees {
+		t.Errorf("%d trees, bound %d", n, maxTrees)
+	}
+	if st.forest.Get("junk-0") != nil {
+		t.Errorf("the oldest junk tree is still there")
+	}
+	if st.forest.Get("real-a") == nil {
+		t.Fatalf("the model in use lost its tree")
+	}
+	hits := metricsDecisions(st, pathPrefixHit)
+	send(t, client, baseURL+"/v1/chat/completions", chatBody("real-a", prompt+" next turn"))
+	if metricsDecisions(st, pathPrefixHit) != hits+1 {
+		t.Errorf("the model in use lost its prefixes")
+	}
+	// A model new after the flood gets its own tree, not one shared with every later model.
+	send(t, client, baseURL+"/v1/chat/completions", chatBody("real-b", prompt))
+	if tr := st.forest.Get("real-b"); tr == nil || tr.Chars() == 0 {
+		t.Errorf("a new model after the flood has no tree of its own; trees: %d", st.forest.Len())
+	}
+}
+
 // metricsDecisions sums a decision path's counts over all upstreams.
 func metricsDecisions(s *state, path int) uint64 {
 	var n uint64

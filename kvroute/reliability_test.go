@@ -26,8 +26,10 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/caddyserver/caddy/v2/caddytest"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 )
 
 // leakSlack is how many goroutines more than at its start a test may leave behind.
@@ -487,13 +489,22 @@ func TestReliabilityClientDisconnectMidBody(t *testing.T) {
 	c := newClient(t, 10*time.Second)
 	postIntact(t, c, "/v1/chat/completions", bigChat(1, 1000)) // warm up connections
 	for _, tc := range []struct {
-		name string
-		path string
-		sent int
+		name    string
+		path    string
+		sent    int
+		chunked bool // without a length, only the missing last chunk tells the body is cut
 	}{
-		{"matcher still reading", "/v1/chat/completions", 20 << 10},
-		{"beyond max_body", "/v1/chat/completions", 300 << 10},
-		{"policy alone", "/plain/v1/chat/completions", 300 << 10},
+		{"matcher still reading", "/v1/chat/completions", 20 << 10, false},
+		{"beyond max_body", "/v1/chat/completions", 300 << 10, false},
+		{"policy alone", "/plain/v1/chat/completions", 300 << 10, false},
+		{"chunked, matcher still reading", "/v1/chat/completions", 20 << 10, true},
+		{"chunked, beyond max_body", "/v1/chat/completions", 300 << 10, true},
+		{"chunked, policy alone still reading", "/plain/v1/chat/completions", 20 << 10, true},
+		// A body that fails while the client is still there (a malformed chunk): the server
+		// does not cancel the request as it does when the client leaves, so only kvroute's
+		// body stands between the cut body and the upstream.
+		{"chunked, malformed chunk, matcher still reading", "/v1/chat/completions", 20 << 10, true},
+		{"chunked, malformed chunk, policy alone", "/plain/v1/chat/completions", 20 << 10, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			completeBefore := ps[0].complete.Load() + ps[1].complete.Load()
@@ -502,9 +513,22 @@ func TestReliabilityClientDisconnectMidBody(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			fmt.Fprintf(conn, "POST %s HTTP/1.1\r\nHost: localhost:%d\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n", tc.path, httpPort, len(body))
+			framing := fmt.Sprintf("Content-Length: %d", len(body))
+			if tc.chunked {
+				framing = "Transfer-Encoding: chunked"
+			}
+			fmt.Fprintf(conn, "POST %s HTTP/1.1\r\nHost: localhost:%d\r\nContent-Type: application/json\r\n%s\r\n\r\n", tc.path, httpPort, framing)
+			if tc.chunked {
+				fmt.Fprintf(conn, "%x\r\n", tc.sent)
+			}
 			if _, err := conn.Write(body[:tc.sent]); err != nil {
 				t.Fatal(err)
+			}
+			if tc.chunked {
+				fmt.Fprint(conn, "\r\n") // a whole chunk, but never the last one
+			}
+			if strings.Contains(tc.name, "malformed") {
+				fmt.Fprint(conn, "not a chunk size\r\n")
 			}
 			time.Sleep(200 * time.Millisecond) // let it reach the matcher, the policy and the upstream
 			conn.Close()
@@ -629,7 +653,7 @@ func TestReliabilityRetry5xxWithoutRequestBuffers(t *testing.T) {
 			if tc.chunked {
 				rd = io.MultiReader(rd) // no length: the client sends it chunked
 			}
-			complete, broken := live.complete.Load(), live.broken.Load()
+			complete, reached := live.complete.Load(), live.hits.Load()
 			rep, code, err := post(t, c, tc.path, rd)
 			if err != nil {
 				t.Fatalf("POST: %v", err)
@@ -651,7 +675,7 @@ func TestReliabilityRetry5xxWithoutRequestBuffers(t *testing.T) {
 			if n := live.complete.Load() - complete; n != 0 {
 				t.Errorf("the second upstream received %d bodies as complete (%d bytes), want 0", n, rep.Len)
 			}
-			if live.broken.Load() == broken && live.hits.Load() > 0 {
+			if live.hits.Load() == reached {
 				t.Logf("the retry failed before reaching the second upstream")
 			}
 			waitIdle(t)
@@ -1069,4 +1093,105 @@ func TestSecurityAdminNotOnSiteListener(t *testing.T) {
 			before.Sessions, after.Sessions, before.StoredChars, after.StoredChars)
 	}
 	waitIdle(t)
+}
+
+// The routing text (up to 4 times max_body) is let go of once an attempt is placed, so that a
+// long stream does not hold it; a retry derives it again from the held body and records it
+// under the retry's upstream, and every attempt is handed the whole body. (Select alone, no
+// Caddy: the request's vars are what Caddy would give.)
+func TestSelectLetsGoOfRoutingTextUntilRetry(t *testing.T) {
+	p := newPolicy(t, nil)
+	pool := newPool("a:1", "b:1")
+	prompt := strings.Repeat("a long prompt that takes memory ", 300)
+	r, cancel := chatRequest("m", prompt)
+	defer cancel()
+	body := fmt.Sprintf(`{"model":%q,"messages":[{"role":"user","content":%q}]}`, "m", prompt)
+	want := routingText("m", prompt)
+	for attempt := range 3 {
+		up := p.Select(pool, r, nil)
+		if up == nil {
+			t.Fatalf("attempt %d: no upstream", attempt)
+		}
+		lr, _ := caddyhttp.GetVar(r.Context(), varRequest).(*llmRequest)
+		if lr == nil || lr.Text != "" || lr.Runes != utf8.RuneCountInString(want) {
+			t.Fatalf("attempt %d: after Select the request holds %d bytes of routing text (runes %d)", attempt, len(lr.Text), lr.Runes)
+		}
+		if n := p.state.forest.Get("m").MatchTenant(want, up.Dial); n != lr.Runes {
+			t.Errorf("attempt %d: %s holds %d of the %d runes of the routing text", attempt, up.Dial, n, lr.Runes)
+		}
+		got, err := io.ReadAll(io.LimitReader(r.Body, int64(len(body)/2+attempt)))
+		if err != nil || string(got) != body[:len(got)] {
+			t.Fatalf("attempt %d: the body starts with %.40q, %v", attempt, got, err)
+		}
+		r.Body.Close() // the attempt's transport, after a partial read
+		pool = newPool(otherThan(pool, up.Dial), up.Dial)
+	}
+	// And a last attempt reads the whole body.
+	p.Select(pool, r, nil)
+	if got, err := io.ReadAll(r.Body); err != nil || string(got) != body {
+		t.Errorf("last attempt: %d bytes of %d, %v", len(got), len(body), err)
+	}
+}
+
+// A request whose body is not an LLM request (NDJSON, gRPC, event streams) or asks to be
+// forwarded as it arrives (Incremental: ?1) is never waited on: the upstream gets its first
+// bytes while the client is still sending, through the matcher and through the policy alone.
+func TestReliabilityStreamingBodyNotWaitedOn(t *testing.T) {
+	leakCheck(t)
+	got := make(chan string, 64) // first lines, as the upstream reads them
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		line, _ := bufio.NewReader(r.Body).ReadString('\n')
+		select {
+		case got <- line:
+		default:
+		}
+		io.Copy(io.Discard, r.Body)
+	}))
+	t.Cleanup(up.Close)
+	startCaddy(t, relConfig([]string{up.Listener.Addr().String()}, "max_body 64KiB", "", ""))
+	c := newClient(t, 30*time.Second)
+	for _, path := range []string{"/v1/chat/completions", "/plain/v1/chat/completions"} {
+		for _, h := range [][2]string{
+			{"Content-Type", "application/x-ndjson"},
+			{"Content-Type", "application/grpc"},
+			{"Content-Type", "text/event-stream"},
+			{"Incremental", "?1"},
+		} {
+			t.Run(path+" "+h[0]+": "+h[1], func(t *testing.T) {
+				pr, pw := io.Pipe()
+				req, _ := http.NewRequest(http.MethodPost, baseURL+path, pr)
+				req.Header.Set(h[0], h[1])
+				done := make(chan error, 1)
+				go func() {
+					resp, err := c.Do(req)
+					if err == nil {
+						io.Copy(io.Discard, resp.Body)
+						resp.Body.Close()
+					}
+					done <- err
+				}()
+				// A marker of this case: a line that an earlier case's body delivered late
+				// must not count.
+				marker := fmt.Sprintf("first line of stream %s %s %s", path, h[0], h[1])
+				fmt.Fprintf(pw, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":%q}]}\n", marker)
+				deadline := time.After(5 * time.Second)
+			wait:
+				for {
+					select {
+					case line := <-got:
+						if strings.Contains(line, marker) {
+							break wait
+						}
+					case <-deadline:
+						t.Errorf("the upstream got nothing in 5 s: the body was held back while the client was still sending")
+						break wait
+					}
+				}
+				pw.Close()
+				if err := <-done; err != nil {
+					t.Errorf("request: %v", err)
+				}
+			})
+		}
+	}
 }

@@ -5,7 +5,9 @@
 //
 // ReadBody reads a bounded prefix of a request body and puts back a body that yields every
 // original byte; Decode decodes that prefix when the body is gzip- or deflate-encoded (at most
-// max bytes, safe against decompression bombs); Parse reads it in one pass.
+// max bytes, safe against decompression bombs); Parse reads it in one pass. Body.Attempt gives
+// each attempt of a reverse proxy the body again: all of it when ReadBody holds it whole, else a
+// clean failure once part of it went upstream. Routable says which bodies are worth waiting for.
 //
 // # Formats
 //
