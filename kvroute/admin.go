@@ -6,11 +6,8 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
-	"time"
 
 	"github.com/caddyserver/caddy/v2"
-
-	"github.com/kvroute/caddy-kvroute/energy"
 )
 
 func init() {
@@ -38,37 +35,6 @@ func (Admin) CaddyModule() caddy.ModuleInfo {
 // Routes returns the admin routes.
 func (a Admin) Routes() []caddy.AdminRoute {
 	return []caddy.AdminRoute{{Pattern: "/kvroute/", Handler: caddy.AdminHandlerFunc(a.serve)}}
-}
-
-// Status is the JSON answer of GET /kvroute/.
-type Status struct {
-	Loaded      bool  `json:"loaded"` // a kv_cache_aware policy is in the running config
-	StoredChars int64 `json:"stored_chars"`
-	Sessions    int   `json:"sessions"`
-	// PendingSessions are cookie ids issued and not yet presented back (held apart).
-	PendingSessions int                       `json:"pending_sessions"`
-	Models          map[string]ModelStatus    `json:"models"`
-	Upstreams       map[string]UpstreamStatus `json:"upstreams"`
-	Evictions       int64                     `json:"evictions"`
-	EvictedChars    int64                     `json:"evicted_chars"`
-	LastEviction    *evictionRecord           `json:"last_eviction,omitempty"`
-}
-
-// ModelStatus is one model's tree.
-type ModelStatus struct {
-	Chars     int64            `json:"chars"`      // stored in the tree, each node counted once
-	TreeChars map[string]int64 `json:"tree_chars"` // per upstream
-}
-
-// UpstreamStatus is what the router knows of one upstream.
-type UpstreamStatus struct {
-	TreeChars    int64             `json:"tree_chars"` // over all models
-	Sessions     int               `json:"sessions"`
-	InFlight     int64             `json:"in_flight"`
-	QueuedTokens int64             `json:"queued_tokens"`
-	Decisions    map[string]uint64 `json:"decisions"`
-	LastDecision *time.Time        `json:"last_decision,omitempty"`
-	Profile      *energy.Profile   `json:"profile,omitempty"` // from the newest config's upstream block
 }
 
 func (a Admin) serve(w http.ResponseWriter, r *http.Request) error {

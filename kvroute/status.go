@@ -1,0 +1,85 @@
+package kvroute
+
+import (
+	"time"
+
+	"github.com/kvroute/caddy-kvroute/energy"
+)
+
+// Status is the JSON answer of GET /kvroute/.
+type Status struct {
+	Loaded      bool  `json:"loaded"` // a kv_cache_aware policy is in the running config
+	StoredChars int64 `json:"stored_chars"`
+	Sessions    int   `json:"sessions"`
+	// PendingSessions are cookie ids issued and not yet presented back (held apart).
+	PendingSessions int                       `json:"pending_sessions"`
+	Models          map[string]ModelStatus    `json:"models"`
+	Upstreams       map[string]UpstreamStatus `json:"upstreams"`
+	Evictions       int64                     `json:"evictions"`
+	EvictedChars    int64                     `json:"evicted_chars"`
+	LastEviction    *evictionRecord           `json:"last_eviction,omitempty"`
+}
+
+// ModelStatus is one model's tree.
+type ModelStatus struct {
+	Chars     int64            `json:"chars"`      // stored in the tree, each node counted once
+	TreeChars map[string]int64 `json:"tree_chars"` // per upstream
+}
+
+// UpstreamStatus is what the router knows of one upstream.
+type UpstreamStatus struct {
+	TreeChars    int64             `json:"tree_chars"` // over all models
+	Sessions     int               `json:"sessions"`
+	InFlight     int64             `json:"in_flight"`
+	QueuedTokens int64             `json:"queued_tokens"`
+	Decisions    map[string]uint64 `json:"decisions"`
+	LastDecision *time.Time        `json:"last_decision,omitempty"`
+	Profile      *energy.Profile   `json:"profile,omitempty"` // from the newest config's upstream block
+}
+
+// status answers the admin API's GET /kvroute/: what the state knows, per model and upstream.
+func (s *state) status() Status {
+	st := Status{Models: map[string]ModelStatus{}, Upstreams: map[string]UpstreamStatus{}}
+	st.Loaded = s.loaded()
+	st.StoredChars = s.forest.Chars()
+	st.Sessions = s.sessions.len()
+	st.PendingSessions = s.pending.len()
+	st.Evictions = s.evictions.Load()
+	st.EvictedChars = s.evictedChars.Load()
+	st.LastEviction = s.lastEviction.Load()
+	addrs := s.upstreamAddrs()
+	for _, name := range s.forest.Names() {
+		t := s.forest.Get(name)
+		if t == nil {
+			continue
+		}
+		ms := ModelStatus{Chars: t.Chars(), TreeChars: map[string]int64{}}
+		for _, a := range addrs {
+			if c := t.TenantChars(a); c > 0 {
+				ms.TreeChars[a] = c
+			}
+		}
+		st.Models[name] = ms
+	}
+	bound := s.sessions.perUpstream()
+	for _, a := range addrs {
+		us := UpstreamStatus{TreeChars: s.forest.TenantChars(a), Sessions: bound[a], Decisions: map[string]uint64{}}
+		if v, ok := s.upstreams.Load(a); ok {
+			u := v.(*upstreamState)
+			us.InFlight = u.inFlight.Load()
+			us.QueuedTokens = u.queuedTokens.Load()
+			for i, n := range pathNames {
+				us.Decisions[n] = u.decisions[i].Load()
+			}
+			if t := u.lastUsed.Load(); t > 0 {
+				tt := time.Unix(0, t).UTC()
+				us.LastDecision = &tt
+			}
+		}
+		if prof, ok := s.profile(a); ok {
+			us.Profile = &prof
+		}
+		st.Upstreams[a] = us
+	}
+	return st
+}
