@@ -59,6 +59,7 @@ type settings struct {
 	fallback         string
 	cookie           *SessionCookie // nil: no cookie sessions; Name defaulted
 	cookieSecretSet  bool           // a secret was given, even if it resolved to nothing
+	telemetry        telemetrySettings
 }
 
 // settings resolves p's options. With resolve, placeholders in the cookie secret are replaced
@@ -76,6 +77,7 @@ func (p *KVCacheAware) settings(resolve bool) settings {
 		maxSessions:      or(p.MaxSessions, DefaultMaxSessions),
 		expectedTokens:   or(p.ExpectedTokens, DefaultExpectedTokens),
 		fallback:         or(p.Fallback, DefaultFallback),
+		telemetry:        p.Telemetry.settings(),
 	}
 	if c := p.SessionCookie; c != nil {
 		s.cookie = &SessionCookie{Name: or(c.Name, DefaultCookieName), Secret: c.Secret}
@@ -178,6 +180,7 @@ var optionChecks = []struct {
 		_, err := energy.ParseStrategy(s.fallback)
 		return err
 	}},
+	{"telemetry", func(s *settings) error { return checkTelemetry(s.telemetry) }},
 }
 
 // check runs the check of the option named name.

@@ -44,6 +44,7 @@ type candidate struct {
 func (p *KVCacheAware) Select(pool reverseproxy.UpstreamPool, r *http.Request, w http.ResponseWriter) *reverseproxy.Upstream {
 	p.state.startBackground()
 	req := requestFor(r, DefaultMaxBody)
+	p.state.noteRetry(r, req)
 
 	// 1. Candidates.
 	var buf [16]candidate
@@ -82,7 +83,7 @@ func (p *KVCacheAware) Select(pool reverseproxy.UpstreamPool, r *http.Request, w
 
 // candidates appends to dst the upstreams of pool that may take a request for model (step 1).
 func (p *KVCacheAware) candidates(dst []candidate, pool reverseproxy.UpstreamPool, model string) []candidate {
-	saturated := 0
+	now := time.Now().UnixNano()
 	for _, up := range pool {
 		if up == nil || !up.Available() {
 			continue
@@ -92,9 +93,13 @@ func (p *KVCacheAware) candidates(dst []candidate, pool reverseproxy.UpstreamPoo
 			continue
 		}
 		st := p.state.upstream(up.Dial)
-		load := p.state.load(st, up.NumRequests())
+		load := p.state.load(st, up.NumRequests(), now)
 		dst = append(dst, candidate{up: up, st: st, prof: prof, load: load})
-		if saturatedAt(prof, load) {
+	}
+	dst = p.state.leaveOutDown(dst)
+	saturated := 0
+	for i := range dst {
+		if saturatedAt(dst[i].prof, dst[i].load) {
 			saturated++
 		}
 	}
@@ -236,7 +241,7 @@ func (p *KVCacheAware) session(r *http.Request, req *llmRequest, pool reversepro
 
 // keepsBinding reports whether a binding to addr, which is not among the candidates, stays:
 // addr is not in this request's pool but is in another policy's (another site's upstream), or
-// it is in the pool, available and serving model, and was left out for being at
+// it is in the pool, available, not down and serving model, and was left out for being at
 // max_concurrency. An upstream in no live pool has left the config.
 func (p *KVCacheAware) keepsBinding(pool reverseproxy.UpstreamPool, addr, model string) bool {
 	for _, up := range pool {
@@ -244,7 +249,7 @@ func (p *KVCacheAware) keepsBinding(pool reverseproxy.UpstreamPool, addr, model 
 			continue
 		}
 		prof := p.profiles[addr]
-		return up.Available() && (model == "" || prof == nil || prof.Serves(model))
+		return up.Available() && !p.state.isDown(addr) && (model == "" || prof == nil || prof.Serves(model))
 	}
 	return p.state.isStatic(addr)
 }
@@ -369,6 +374,13 @@ func (p *KVCacheAware) commit(r *http.Request, w http.ResponseWriter, req *llmRe
 		}
 	}
 	req.track(r, c.st)
+	req.attempt.Store(c.st)
+	if len(req.tried) == 0 {
+		p.state.watchOutcome(r, req)
+	}
+	if !p.state.isStatic(c.up.Dial) {
+		p.state.seeDynamic(c.up.Dial)
+	}
 	req.tried = append(req.tried, c.up.Dial)
 	c.st.lastUsed.Store(now.UnixNano())
 	p.count(c, req, path)

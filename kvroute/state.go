@@ -47,6 +47,10 @@ type upstreamState struct {
 	queuedTokens atomic.Int64 // their estimated prompt tokens
 	decisions    [numPaths]atomic.Uint64
 	lastUsed     atomic.Int64 // unix nanoseconds of the last decision
+
+	engine      atomic.Pointer[engineView] // the latest telemetry reading's load (telemetry.go)
+	telemetryUp atomic.Bool                // its telemetry answers (for the appear/go-away log lines)
+	health      healthState                // health.go
 }
 
 // registration is what the state knows of one provisioned policy: the state serves policies
@@ -57,6 +61,7 @@ type registration struct {
 	static      []string                  // dial addresses of its reverse_proxy's static upstreams
 	profiles    map[string]energy.Profile // its upstream blocks
 	logger      *zap.Logger
+	scheme      string         // of its reverse_proxy's upstreams: http, or https over TLS
 	process     processOptions // as given; zero: left out
 }
 
@@ -67,6 +72,8 @@ type processOptions struct {
 	maxTreeSize      int64
 	sessionTTL       time.Duration
 	maxSessions      int
+	telemetry        telemetrySettings
+	telemetryGiven   bool
 }
 
 // merge fills o's unset options from q, and reports the first option both set differently.
@@ -83,6 +90,11 @@ func (o *processOptions) merge(q processOptions) error {
 		return conflict("session_ttl", o.sessionTTL, q.sessionTTL)
 	case o.maxSessions != 0 && q.maxSessions != 0 && o.maxSessions != q.maxSessions:
 		return conflict("max_sessions", o.maxSessions, q.maxSessions)
+	case o.telemetryGiven && q.telemetryGiven && o.telemetry != q.telemetry:
+		return conflict("telemetry", o.telemetry, q.telemetry)
+	}
+	if !o.telemetryGiven {
+		o.telemetry, o.telemetryGiven = q.telemetry, q.telemetryGiven
 	}
 	o.evictionInterval = or(o.evictionInterval, q.evictionInterval)
 	o.maxTreeSize = or(o.maxTreeSize, q.maxTreeSize)
@@ -97,7 +109,16 @@ func (o processOptions) withDefaults() processOptions {
 		maxTreeSize:      or(o.maxTreeSize, DefaultMaxTreeSize),
 		sessionTTL:       or(o.sessionTTL, DefaultSessionTTL),
 		maxSessions:      or(o.maxSessions, DefaultMaxSessions),
+		telemetry:        o.telemetrySettings(),
+		telemetryGiven:   true,
 	}
+}
+
+func (o processOptions) telemetrySettings() telemetrySettings {
+	if o.telemetryGiven {
+		return o.telemetry
+	}
+	return (*Telemetry)(nil).settings()
 }
 
 // state is the hub shared by every kv_cache_aware policy of the process: it knows the
@@ -131,6 +152,13 @@ type state struct {
 	// route nothing); Destruct stops them.
 	started   atomic.Bool
 	startOnce sync.Once
+
+	tel telemetryState // the engines' metrics readers (telemetry.go)
+
+	// Health probes (health.go): bg counts them, bgClosed refuses new ones once destroyed.
+	bg       sync.WaitGroup
+	bgMu     sync.Mutex
+	bgClosed bool
 
 	lastEviction atomic.Pointer[evictionRecord]
 	evictedChars atomic.Int64
@@ -192,13 +220,17 @@ func (s *state) startBackground() {
 	}
 	s.startOnce.Do(func() {
 		s.started.Store(true)
+		s.syncTelemetry()
 	})
 }
 
-// Destruct stops the eviction goroutine when the last policy lets go of the state.
+// Destruct stops the eviction goroutine, the telemetry readers and the health probes when the
+// last policy lets go of the state.
 func (s *state) Destruct() error {
 	close(s.stop)
 	<-s.done
+	s.stopTelemetry()
+	s.stopHealth()
 	return nil
 }
 
@@ -221,6 +253,7 @@ func (s *state) register(r *registration) error {
 	s.logger = r.logger
 	s.applyLocked(config.withDefaults())
 	s.mu.Unlock()
+	s.syncTelemetry()
 	return nil
 }
 
@@ -255,6 +288,7 @@ func (s *state) unregister(r *registration) {
 	s.applyLocked(config.withDefaults())
 	logger := s.logger
 	s.mu.Unlock()
+	s.syncTelemetry()
 	for _, a := range gone {
 		if chars, sessions := s.forgetUpstream(a); chars > 0 || sessions > 0 {
 			logger.Info("upstream left the config: dropped its prefixes and sessions",
@@ -317,18 +351,30 @@ func (s *state) isStatic(addr string) bool {
 	return m != nil && (*m)[addr]
 }
 
-// limitsLocked computes the forest's bounds: maxChars, and for each annotated upstream
-// tenantBound(kv_capacity).
+// limitsLocked computes the forest's bounds: maxChars, and for each upstream with a known KV
+// capacity tenantBound(capacity): its kv_capacity annotation, else what its engine reports
+// (telemetry). The annotation wins: the operator may know better (a cache shared with other
+// work, an engine that misreports).
 func (s *state) limitsLocked(maxChars int64) tree.Limits {
 	l := tree.Limits{MaxChars: maxChars}
+	set := func(addr string, tokens int64) {
+		if l.TenantMaxChars == nil {
+			l.TenantMaxChars = make(map[string]int64)
+		}
+		l.TenantMaxChars[addr] = tenantBound(tokens)
+	}
+	annotated := make(map[string]bool)
 	for q := range s.regs {
 		for addr, prof := range q.profiles {
 			if prof.KVCapacity > 0 {
-				if l.TenantMaxChars == nil {
-					l.TenantMaxChars = make(map[string]int64)
-				}
-				l.TenantMaxChars[addr] = tenantBound(prof.KVCapacity)
+				set(addr, prof.KVCapacity)
+				annotated[addr] = true
 			}
+		}
+	}
+	for addr, tokens := range s.tel.capacity {
+		if !annotated[addr] {
+			set(addr, tokens)
 		}
 	}
 	return l
@@ -431,10 +477,11 @@ func (s *state) evict() {
 	logger := s.logger
 	static := s.staticLocked()
 	s.mu.Unlock()
+	s.expireDynamic(time.Now())
 	idle := time.Now().Add(-time.Hour).UnixNano()
 	s.upstreams.Range(func(k, v any) bool {
 		u := v.(*upstreamState)
-		if !static[u.addr] && u.inFlight.Load() == 0 && u.lastUsed.Load() < idle && s.forest.TenantChars(u.addr) == 0 {
+		if !static[u.addr] && u.inFlight.Load() == 0 && u.lastUsed.Load() < idle && s.forest.TenantChars(u.addr) == 0 && !u.health.down.Load() {
 			s.upstreams.Delete(k)
 		}
 		return true
