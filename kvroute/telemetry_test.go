@@ -156,7 +156,7 @@ func kickOff(t *testing.T, client *http.Client) {
 func TestTelemetryKVCapacityFromMetrics(t *testing.T) {
 	for _, annotated := range []bool{false, true} {
 		t.Run(fmt.Sprintf("annotated=%v", annotated), func(t *testing.T) {
-			leakCheck(t) // first: its check runs after the engines have closed
+			leakCheck(t)                // first: its check runs after the engines have closed
 			e := newEngine(t, "u1", 10) // 160 tokens: the tree keeps 1.5 × 160 × 4 = 960 chars
 			var ann []string
 			if annotated {
