@@ -52,6 +52,7 @@ type config struct {
 
 	kvOptions   []string
 	kvCapacity  bool
+	telemetry   bool
 	sweep       bool
 	walkthrough bool
 
@@ -96,6 +97,7 @@ func parseFlags(args []string) (*config, error) {
 
 	kv := fs.String("kv-options", "", `extra lines inside the kv_cache_aware block, separated by ";" (e.g. "cache_threshold 0.3; balance_abs_threshold 8")`)
 	fs.BoolVar(&cfg.kvCapacity, "kv-capacity", true, "annotate each upstream of kv_cache_aware with its prefix cache size (kv_capacity, in tokens), as an operator would from vLLM's \"GPU KV cache size\" log line; false: no annotation")
+	fs.BoolVar(&cfg.telemetry, "telemetry", true, "kv_cache_aware reads each worker's /metrics (KV capacity, queue, health; its default); false: `telemetry off`, the baseline without the engines' figures")
 	fs.BoolVar(&cfg.sweep, "sweep", false, "run kv_cache_aware alone over a grid of cache_threshold × balance_abs_threshold × on_imbalance and print a table")
 	fs.BoolVar(&cfg.walkthrough, "walkthrough", true, "show kv_cache_aware routing a conversation and unrelated prompts before the comparison")
 
@@ -121,6 +123,9 @@ func parseFlags(args []string) (*config, error) {
 		return nil, fmt.Errorf("unexpected arguments: %v", fs.Args())
 	}
 	cfg.kvOptions = splitOptions(*kv)
+	if !cfg.telemetry {
+		cfg.kvOptions = append(cfg.kvOptions, "telemetry off")
+	}
 	return cfg, cfg.finish()
 }
 
@@ -256,6 +261,7 @@ type params struct {
 	Repeats         int      `json:"repeats"`
 	KVOptions       []string `json:"kv_options,omitempty"`
 	KVCapacity      bool     `json:"kv_capacity"` // upstreams annotated with their cache size
+	Telemetry       bool     `json:"telemetry"`   // kv_cache_aware reads the workers' metrics
 	Caddy           string   `json:"caddy"`
 }
 
@@ -263,7 +269,7 @@ func (c *config) params() params {
 	p := params{
 		Fleet: c.fleet, Workers: c.workers, BlocksPerWorker: c.blocks, Workload: c.kind,
 		SessionHeader: c.sessionHeader, Loop: c.loopDescription(), Limit: c.limit,
-		Repeats: c.repeats, KVOptions: c.kvOptions, KVCapacity: c.kvCapacity, Caddy: c.caddy,
+		Repeats: c.repeats, KVOptions: c.kvOptions, KVCapacity: c.kvCapacity, Telemetry: c.telemetry, Caddy: c.caddy,
 	}
 	if c.fleet == "sim" {
 		p.Speed = c.speed
