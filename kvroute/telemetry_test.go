@@ -8,6 +8,7 @@ package kvroute
 
 import (
 	"crypto/rand"
+	"encoding/json"
 	"fmt"
 	"net"
 	"net/http"
@@ -257,11 +258,20 @@ func TestTelemetryLongQueueGetsNoColdRequests(t *testing.T) {
 // plus the few that make it down, none after 2 s; its conversations move, and it gets traffic
 // again once restarted. With telemetry and without.
 func TestHealthDeadUpstreamLeftOutAndBack(t *testing.T) {
-	for _, tel := range []string{"", "telemetry off"} {
-		t.Run(fmt.Sprintf("telemetry=%q", tel), func(t *testing.T) {
+	for _, tc := range []struct {
+		name, telemetry, extra string
+		newFailures            int // beyond those in flight at the kill
+	}{
+		{"telemetry", "", "", downAfter},
+		{"requests only", "telemetry off", "", downAfter},
+		// Retried attempts count too (noteRetry), and the retries hide the failures that
+		// make the upstream down.
+		{"retries", "telemetry off", "lb_retries 2", 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
 			leakCheck(t)
 			engines := []*engine{newEngine(t, "u1", 1000), newEngine(t, "u2", 1000), newEngine(t, "u3", 1000)}
-			startCaddy(t, telemetryConfig(engines, tel, ""))
+			startCaddy(t, telemetryConfig(engines, tc.telemetry, tc.extra))
 			client := newClient(t, 10*time.Second)
 			url := baseURL + "/v1/chat/completions"
 			for _, e := range engines {
@@ -288,15 +298,15 @@ func TestHealthDeadUpstreamLeftOutAndBack(t *testing.T) {
 							return
 						default:
 						}
-						rep, resp := send(t, client, url, chatBody("m", msgs...), "X-Session-ID", fmt.Sprintf("s%d", i))
+						upstream, code := trySend(client, url, chatBody("m", msgs...), fmt.Sprintf("s%d", i))
 						mu.Lock()
 						k := killed
-						if resp.StatusCode != http.StatusOK {
+						if code != http.StatusOK {
 							failed++
 							if !k.IsZero() && time.Since(k) > 2*time.Second {
 								late++
 							}
-						} else if !k.IsZero() && rep.Upstream == victim.name && time.Since(k) > 100*time.Millisecond {
+						} else if !k.IsZero() && upstream == victim.name && time.Since(k) > 100*time.Millisecond {
 							onDead++ // answered by the dead upstream: impossible once it is closed
 						}
 						mu.Unlock()
@@ -323,8 +333,12 @@ func TestHealthDeadUpstreamLeftOutAndBack(t *testing.T) {
 				t.Errorf("%d requests failed before the kill", failedBefore)
 			}
 			t.Logf("%d requests failed after the kill, %d were in flight on the killed upstream", failed, inFlightAtKill)
-			if limit := int(inFlightAtKill) + downAfter; failed > limit {
-				t.Errorf("%d requests failed after the kill, want at most %d (in flight at the kill + %d)", failed, limit, downAfter)
+			// The goal is in flight + downAfter. Requests decided between the kill and the
+			// downAfter-th failure's end (a millisecond or so, longer on a loaded machine) go
+			// there too: detectionSlack of them are tolerated, and the log line shows the count.
+			const detectionSlack = 3
+			if limit := int(inFlightAtKill) + tc.newFailures + detectionSlack; failed > limit {
+				t.Errorf("%d requests failed after the kill, want at most %d (in flight at the kill + %d + %d)", failed, limit, tc.newFailures, detectionSlack)
 			}
 			if late > 0 {
 				t.Errorf("%d requests failed more than 2 s after the kill", late)
@@ -353,6 +367,28 @@ func TestHealthDeadUpstreamLeftOutAndBack(t *testing.T) {
 			}
 		})
 	}
+}
+
+// trySend posts a chat turn with a session header and returns the upstream that answered and
+// the status (0 when the request failed on the client's side); unlike send, it may run in any
+// goroutine.
+func trySend(client *http.Client, url, body, session string) (string, int) {
+	req, err := http.NewRequest(http.MethodPost, url, strings.NewReader(body))
+	if err != nil {
+		return "", 0
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("X-Session-ID", session)
+	resp, err := client.Do(req)
+	if err != nil {
+		return "", 0
+	}
+	defer resp.Body.Close()
+	var rep backendReply
+	if err := json.NewDecoder(resp.Body).Decode(&rep); err != nil && resp.StatusCode == http.StatusOK {
+		return "", 0
+	}
+	return rep.Upstream, resp.StatusCode
 }
 
 // Metrics endpoints that are absent, slow, huge or garbled change nothing but counters: the
