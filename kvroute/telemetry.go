@@ -391,6 +391,13 @@ func (s *state) expireDynamic(now time.Time) {
 // observe takes in one scrape's outcome (from the target's goroutine): the engine's load
 // beyond this router's own, its KV capacity, and the health signal.
 func (s *state) observe(interval time.Duration, _, cur *telemetry.Snapshot) {
+	// A scrape that ends as its target is removed (the upstream left the config, or the
+	// scraper is being replaced) is still observed once: it must not bring back the figures
+	// forgetEngine just dropped. The scraper publishes the snapshot before observing it, so a
+	// live target has one.
+	if sc := s.tel.current.Load(); sc == nil || sc.Snapshot(cur.Key) == nil {
+		return
+	}
 	u := s.upstream(cur.Key)
 	switch cur.Outcome {
 	case telemetry.OutcomeOK:
