@@ -516,3 +516,65 @@ func adaptHandler(t *testing.T, directive string) *reverseproxy.Handler {
 	}
 	return h
 }
+
+// One reader per upstream for the process: two policies naming the same upstreams, and reloads,
+// read each upstream once per interval; `telemetry off` in a reload stops the readers.
+func TestTelemetryOneReaderPerUpstream(t *testing.T) {
+	leakCheck(t)
+	engines := []*engine{newEngine(t, "u1", 1000), newEngine(t, "u2", 1000)}
+	addrs := engines[0].addr() + " " + engines[1].addr()
+	config := func(telemetry string) string {
+		policy := fmt.Sprintf("lb_policy kv_cache_aware {\n\t\t\t\t%s\n\t\t\t}", telemetry)
+		return fmt.Sprintf(`{
+	admin localhost:2999
+	http_port %d
+	https_port 9443
+	grace_period 1s
+}
+localhost:%d {
+	handle /a/* {
+		reverse_proxy %s {
+			%s
+		}
+	}
+	handle {
+		reverse_proxy %s {
+			%s
+		}
+	}
+}
+`, httpPort, httpPort, addrs, policy, addrs, policy)
+	}
+	fast := "telemetry {\n\t\t\t\t\tinterval 100ms\n\t\t\t\t\ttimeout 100ms\n\t\t\t\t}"
+	startCaddy(t, config(fast))
+	client := newClient(t, 10*time.Second)
+	for _, path := range []string{"/a/v1/chat/completions", "/v1/chat/completions"} {
+		if _, resp := send(t, client, baseURL+path, chatBody("m", "hello")); resp.StatusCode != http.StatusOK {
+			t.Fatalf("%s: status %d", path, resp.StatusCode)
+		}
+	}
+	rate := func() int64 { // scrapes of the first engine in one second
+		before := engines[0].scrapes.Load()
+		time.Sleep(time.Second)
+		return engines[0].scrapes.Load() - before
+	}
+	// One reader at 100 ms: about 10 a second (±10% jitter); two readers would make 20.
+	if n := rate(); n < 7 || n > 13 {
+		t.Errorf("two policies: the engine was read %d times in one second, want about 10", n)
+	}
+	if keys := currentState().tel.current.Load().Keys(); len(keys) != 2 {
+		t.Errorf("readers %v, want one per upstream", keys)
+	}
+	load(t, config(fast))
+	if n := rate(); n < 7 || n > 13 {
+		t.Errorf("after a reload: the engine was read %d times in one second, want about 10", n)
+	}
+	load(t, config("telemetry off"))
+	time.Sleep(200 * time.Millisecond) // a read in flight at the reload may still land
+	if n := rate(); n != 0 {
+		t.Errorf("telemetry off: the engine was read %d times in one second", n)
+	}
+	if us := upstreamStatus(t, engines[0].addr()); us.Telemetry != nil || us.KVCapacityTokens != 0 {
+		t.Errorf("telemetry off: the status still shows telemetry %+v, capacity %d", us.Telemetry, us.KVCapacityTokens)
+	}
+}
