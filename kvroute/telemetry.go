@@ -1,6 +1,7 @@
 package kvroute
 
 import (
+	"errors"
 	"fmt"
 	"net"
 	"strings"
@@ -361,6 +362,12 @@ func (s *state) seeDynamic(addr string) {
 		return // kept in dynamic, so that it is not looked at again until it expires
 	}
 	if err := sc.Add(telemetry.Target{Key: addr, URL: url}); err != nil {
+		// The scraper was replaced meanwhile (a reload changed telemetry): the next decision
+		// for addr tries again. A full scraper stays full: addr stays marked until it expires.
+		if !errors.Is(err, telemetry.ErrTooManyTargets) {
+			s.tel.dynamic.Delete(addr)
+			s.tel.nDynamic.Add(-1)
+		}
 		s.log().Debug("telemetry: not reading a dynamic upstream", zap.String("upstream", addr), zap.Error(err))
 	}
 }
