@@ -25,9 +25,10 @@ type candidate struct {
 
 // Select picks the upstream for r. The decision, in order (docs/design.md):
 //
-//  1. Candidates: available upstreams that serve the request's model; those at max_concurrency
-//     are left out unless all are, and on a retry so are those earlier attempts went to, unless
-//     all are. None: nil (Caddy answers 502, or retries when configured to).
+//  1. Candidates: available upstreams that serve the request's model; those the policy holds
+//     to be down (health.go), then those at max_concurrency, are left out unless all are, and
+//     on a retry so are those earlier attempts went to, unless all are. None: nil (Caddy
+//     answers 502, or retries when configured to).
 //  2. Session: a session bound to a candidate whose load is within the balance band goes there.
 //     A bound upstream out of band is skipped for this request and the binding kept; one that is
 //     unavailable or no longer serves the model is dropped; one merely not in this pool is kept.
