@@ -14,7 +14,7 @@ import (
 // upstreamOptions lists the options of an upstream block, for the error
 // that names an unknown one.
 const upstreamOptions = "accelerator, models, max_concurrency, energy_per_token, prefill_energy_per_token, " +
-	"carbon_intensity, zone, kv_capacity, continuous_batching, paged_kv"
+	"carbon_intensity, zone, kv_capacity, metrics_url, continuous_batching, paged_kv"
 
 // ParseUpstream parses one upstream block into the upstream's dial address
 // and its profile:
@@ -28,6 +28,7 @@ const upstreamOptions = "accelerator, models, max_concurrency, energy_per_token,
 //		carbon_intensity         <gCO2e/kWh>
 //		zone                     <name>
 //		kv_capacity              <tokens>      # SI or binary suffix: 2M, 512Ki
+//		metrics_url              <url>         # http(s) URL of the engine's metrics
 //		continuous_batching
 //		paged_kv
 //	}
@@ -165,6 +166,16 @@ func parseUpstreamOption(d *cf.Dispenser, option string, p *energy.Profile) erro
 			return d.Errf("%s: must be >= 1 token, got %d (leave it out when unknown)", option, n)
 		}
 		p.KVCapacity = n
+
+	case "metrics_url":
+		s, err := StringArg(d)
+		if err != nil {
+			return err
+		}
+		if err := energy.ValidateMetricsURL(s); err != nil {
+			return d.Errf("%s: %v", option, err)
+		}
+		p.MetricsURL = s
 
 	case "continuous_batching", "paged_kv":
 		if d.NextArg() {

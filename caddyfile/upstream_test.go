@@ -43,6 +43,7 @@ func TestParseUpstream(t *testing.T) {
 				carbon_intensity         56
 				zone                     EU-FR
 				kv_capacity              2M
+				metrics_url              http://10.0.0.1:9090/metrics
 				continuous_batching
 				paged_kv
 			}`,
@@ -56,6 +57,7 @@ func TestParseUpstream(t *testing.T) {
 				CarbonIntensity:       56,
 				Zone:                  "EU-FR",
 				KVCapacity:            2_000_000,
+				MetricsURL:            "http://10.0.0.1:9090/metrics",
 				ContinuousBatching:    true,
 				PagedKV:               true,
 			},
@@ -115,6 +117,8 @@ func TestParseUpstreamErrors(t *testing.T) {
 		{"zone missing", "upstream a:1 {\n\tzone\n}", []string{"zone: want 1 argument, got 0", "Testfile:2"}},
 		{"kv_capacity suffix", "upstream a:1 {\n\tkv_capacity 2X\n}", []string{"kv_capacity: invalid size", "Testfile:2"}},
 		{"kv_capacity zero", "upstream a:1 {\n\tkv_capacity 0\n}", []string{"kv_capacity: must be >= 1", "Testfile:2"}},
+		{"metrics_url scheme", "upstream a:1 {\n\tmetrics_url unix:///x.sock\n}", []string{"metrics_url: bad URL", "Testfile:2"}},
+		{"metrics_url host", "upstream a:1 {\n\tmetrics_url http:///metrics\n}", []string{"metrics_url: bad URL", "Testfile:2"}},
 		{"flag with argument", "upstream a:1 {\n\tpaged_kv true\n}", []string{`paged_kv: takes no argument, got "true"`, "Testfile:2"}},
 		{"flag with block", "upstream a:1 {\n\tcontinuous_batching {\n\t\tx\n\t}\n}", []string{"continuous_batching: unexpected block", "Testfile:2"}},
 		{"nested upstream", "upstream a:1 {\n\tupstream b:2\n}", []string{`unknown option "upstream"`, "Testfile:2"}},

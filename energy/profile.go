@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"net/url"
 	"unicode/utf8"
 )
 
@@ -50,9 +51,13 @@ type Profile struct {
 	// Zone names the grid zone or site, e.g. "EU-FR".
 	Zone string `json:"zone,omitempty"`
 	// KVCapacity is how many tokens the upstream's KV cache holds.
-	KVCapacity         int64 `json:"kv_capacity,omitempty"`
-	ContinuousBatching bool  `json:"continuous_batching,omitempty"`
-	PagedKV            bool  `json:"paged_kv,omitempty"`
+	KVCapacity int64 `json:"kv_capacity,omitempty"`
+	// MetricsURL is where the upstream's engine serves its Prometheus metrics (http or
+	// https), when it is not the upstream's own address with the configured path (an engine
+	// behind a sidecar, a Unix socket).
+	MetricsURL         string `json:"metrics_url,omitempty"`
+	ContinuousBatching bool   `json:"continuous_batching,omitempty"`
+	PagedKV            bool   `json:"paged_kv,omitempty"`
 }
 
 // Validate reports the first invalid field, named as in JSON. A nil
@@ -85,6 +90,24 @@ func (p *Profile) Validate() error {
 	}
 	if p.KVCapacity < 0 {
 		return fmt.Errorf("kv_capacity: must be >= 1 token, got %d", p.KVCapacity)
+	}
+	if p.MetricsURL != "" {
+		if err := ValidateMetricsURL(p.MetricsURL); err != nil {
+			return fmt.Errorf("metrics_url: %w", err)
+		}
+	}
+	return nil
+}
+
+// ValidateMetricsURL accepts an absolute http or https URL with a host: a metrics endpoint
+// the router can read.
+func ValidateMetricsURL(s string) error {
+	u, err := url.Parse(s)
+	if err != nil {
+		return fmt.Errorf("bad URL %q: %v", s, err)
+	}
+	if (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return fmt.Errorf("bad URL %q: want http:// or https:// and a host", s)
 	}
 	return nil
 }

@@ -27,6 +27,11 @@ import (
 //		max_sessions           100000
 //		expected_tokens        256
 //		fallback               joule        # joule | carbon | least_busy | round_robin | random
+//		telemetry {                         # on by default; `telemetry off` disables it
+//			path     /metrics               # on each upstream's own host:port
+//			interval 1s
+//			timeout  500ms
+//		}
 //		upstream 10.0.0.1:8000 {
 //			accelerator              gpu    # gpu | cpu | tpu | npu | other
 //			models                   llama-3.1-8b qwen*
@@ -35,7 +40,8 @@ import (
 //			prefill_energy_per_token 20uJ
 //			carbon_intensity         56     # gCO2e/kWh
 //			zone                     EU-FR
-//			kv_capacity              2M     # tokens
+//			kv_capacity              2M     # tokens; default: what telemetry reads
+//			metrics_url              http://10.0.0.1:8000/metrics
 //			continuous_batching
 //			paged_kv
 //		}
@@ -140,6 +146,8 @@ func (p *KVCacheAware) unmarshalOption(d *caddyfile.Dispenser, opt string) error
 		p.ExpectedTokens, err = kvcf.IntArg(d)
 	case "fallback":
 		p.Fallback, err = kvcf.StringArg(d)
+	case "telemetry":
+		err = p.unmarshalTelemetry(d)
 	case "upstream":
 		addr, prof, perr := kvcf.ParseUpstream(d)
 		if perr != nil {

@@ -10,6 +10,11 @@ package kvroute
 // value); peers are the latest counts other replicas published; engine_* the engine's own
 // figures read at t_reading. Each request counts once. Without telemetry or cluster, the
 // missing terms are 0.
-func (s *state) load(u *upstreamState, numRequests int) int64 {
-	return max(u.inFlight.Load(), int64(numRequests))
+//
+// Caddy's NumRequests counts this router's requests too (all policies of the process share
+// one count per upstream address), so own is the larger of the two. external is computed once
+// per reading (telemetry.go: observe) and counts until the reading is readingLifetime
+// intervals old. now is in unix nanoseconds.
+func (s *state) load(u *upstreamState, numRequests int, now int64) int64 {
+	return max(u.inFlight.Load(), int64(numRequests)) + u.externalLoad(now)
 }

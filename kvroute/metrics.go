@@ -2,8 +2,11 @@ package kvroute
 
 import (
 	"errors"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvroute/caddy-kvroute/kvroute/telemetry"
 )
 
 // metrics are created once per process and registered into each config's registry
@@ -87,6 +90,26 @@ var (
 		"Chars evicted from the prefix trees by the periodic eviction.", nil, nil)
 	descEvictionRuns = prometheus.NewDesc(ns+"_"+sub+"_evictions_total",
 		"Periodic eviction passes run.", nil, nil)
+	descEngineRunning = prometheus.NewDesc(ns+"_"+sub+"_engine_running",
+		"Requests the upstream's engine reports running, as of its latest reading.", []string{"upstream"}, nil)
+	descEngineWaiting = prometheus.NewDesc(ns+"_"+sub+"_engine_waiting",
+		"Requests the upstream's engine reports queued, as of its latest reading.", []string{"upstream"}, nil)
+	descEngineKVUsage = prometheus.NewDesc(ns+"_"+sub+"_engine_kv_usage_ratio",
+		"Share of the upstream's KV cache in use (0 to 1), as of its latest reading.", []string{"upstream"}, nil)
+	descEngineKVCapacity = prometheus.NewDesc(ns+"_"+sub+"_engine_kv_capacity_tokens",
+		"Size of the upstream's KV cache in tokens, as its engine reports it.", []string{"upstream"}, nil)
+	descEngineAge = prometheus.NewDesc(ns+"_"+sub+"_engine_reading_age_seconds",
+		"Age of the upstream's latest telemetry reading.", []string{"upstream"}, nil)
+	descExternalLoad = prometheus.NewDesc(ns+"_"+sub+"_external_load",
+		"Requests the upstream's engine runs or queues beyond those this router sent (0 once the reading is stale).", []string{"upstream"}, nil)
+	descScrapes = prometheus.NewDesc(ns+"_"+sub+"_telemetry_scrapes_total",
+		"Reads of the upstream's metrics endpoint.", []string{"upstream"}, nil)
+	descScrapeErrors = prometheus.NewDesc(ns+"_"+sub+"_telemetry_scrape_errors_total",
+		"Reads of the upstream's metrics endpoint that brought no reading (refused, 404, slow, huge, garbled...).", []string{"upstream"}, nil)
+	descDown = prometheus.NewDesc(ns+"_"+sub+"_upstream_down",
+		"1 while the policy holds the upstream to be down (not a candidate unless all are).", []string{"upstream"}, nil)
+	descDowns = prometheus.NewDesc(ns+"_"+sub+"_upstream_downs_total",
+		"Times the policy found the upstream down.", []string{"upstream"}, nil)
 )
 
 func (*stateCollector) Describe(ch chan<- *prometheus.Desc) {
@@ -97,6 +120,10 @@ func (*stateCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- descPending
 	ch <- descEvictedChars
 	ch <- descEvictionRuns
+	for _, d := range []*prometheus.Desc{descEngineRunning, descEngineWaiting, descEngineKVUsage, descEngineKVCapacity,
+		descEngineAge, descExternalLoad, descScrapes, descScrapeErrors, descDown, descDowns} {
+		ch <- d
+	}
 }
 
 func (*stateCollector) Collect(ch chan<- prometheus.Metric) {
@@ -112,7 +139,53 @@ func (*stateCollector) Collect(ch chan<- prometheus.Metric) {
 	for _, addr := range s.upstreamAddrs() {
 		ch <- prometheus.MustNewConstMetric(descTreeChars, prometheus.GaugeValue, float64(s.forest.TenantChars(addr)), addr)
 		if v, ok := s.upstreams.Load(addr); ok {
-			ch <- prometheus.MustNewConstMetric(descInFlight, prometheus.GaugeValue, float64(v.(*upstreamState).inFlight.Load()), addr)
+			u := v.(*upstreamState)
+			ch <- prometheus.MustNewConstMetric(descInFlight, prometheus.GaugeValue, float64(u.inFlight.Load()), addr)
+			down := 0.0
+			if u.health.down.Load() {
+				down = 1
+			}
+			ch <- prometheus.MustNewConstMetric(descDown, prometheus.GaugeValue, down, addr)
+			ch <- prometheus.MustNewConstMetric(descDowns, prometheus.CounterValue, float64(u.health.total.Load()), addr)
+		}
+	}
+	collectTelemetry(ch, s)
+}
+
+// collectTelemetry reports the engines' figures as last read, per upstream read.
+func collectTelemetry(ch chan<- prometheus.Metric, s *state) {
+	sc := s.tel.current.Load()
+	if sc == nil {
+		return
+	}
+	now := time.Now()
+	for _, snap := range sc.Snapshots() {
+		addr := snap.Key
+		var total uint64
+		for _, n := range snap.Counts {
+			total += n
+		}
+		ch <- prometheus.MustNewConstMetric(descScrapes, prometheus.CounterValue, float64(total), addr)
+		ch <- prometheus.MustNewConstMetric(descScrapeErrors, prometheus.CounterValue, float64(total-snap.Counts[telemetry.OutcomeOK]), addr)
+		r := &snap.Reading
+		if r.At.IsZero() {
+			continue
+		}
+		ch <- prometheus.MustNewConstMetric(descEngineAge, prometheus.GaugeValue, snap.Age(now).Seconds(), addr)
+		if r.Known.Has(telemetry.HasRunning) {
+			ch <- prometheus.MustNewConstMetric(descEngineRunning, prometheus.GaugeValue, float64(r.Running), addr)
+		}
+		if r.Known.Has(telemetry.HasWaiting) {
+			ch <- prometheus.MustNewConstMetric(descEngineWaiting, prometheus.GaugeValue, float64(r.Waiting), addr)
+		}
+		if r.Known.Has(telemetry.HasKVUsage) {
+			ch <- prometheus.MustNewConstMetric(descEngineKVUsage, prometheus.GaugeValue, r.KVUsage, addr)
+		}
+		if r.Known.Has(telemetry.HasKVCapacity) {
+			ch <- prometheus.MustNewConstMetric(descEngineKVCapacity, prometheus.GaugeValue, float64(r.KVCapacityTokens), addr)
+		}
+		if v, ok := s.upstreams.Load(addr); ok {
+			ch <- prometheus.MustNewConstMetric(descExternalLoad, prometheus.GaugeValue, float64(v.(*upstreamState).externalLoad(now.UnixNano())), addr)
 		}
 	}
 }

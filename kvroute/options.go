@@ -61,6 +61,7 @@ type settings struct {
 	cookieSecretSet  bool           // a secret was given, even if it resolved to nothing
 	resolved         bool           // placeholders in the secret were replaced (Provision)
 	secretErr        error          // a placeholder of the secret did not resolve
+	telemetry        telemetrySettings
 }
 
 // settings resolves p's options. With resolve, placeholders in the cookie secret are replaced
@@ -78,6 +79,7 @@ func (p *KVCacheAware) settings(resolve bool) settings {
 		maxSessions:      or(p.MaxSessions, DefaultMaxSessions),
 		expectedTokens:   or(p.ExpectedTokens, DefaultExpectedTokens),
 		fallback:         or(p.Fallback, DefaultFallback),
+		telemetry:        p.Telemetry.settings(),
 	}
 	if c := p.SessionCookie; c != nil {
 		s.cookie = &SessionCookie{Name: or(c.Name, DefaultCookieName), Secret: c.Secret}
@@ -189,6 +191,7 @@ var optionChecks = []struct {
 		_, err := energy.ParseStrategy(s.fallback)
 		return err
 	}},
+	{"telemetry", func(s *settings) error { return checkTelemetry(s.telemetry) }},
 }
 
 // check runs the check of the option named name.

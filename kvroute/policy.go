@@ -57,6 +57,9 @@ type KVCacheAware struct {
 	ExpectedTokens int `json:"expected_tokens,omitempty"`
 	// Placement of cold requests: joule, carbon, least_busy, round_robin or random. Default: joule.
 	Fallback string `json:"fallback,omitempty"`
+	// Reading of the upstreams' metrics endpoints (KV capacity, engine load, health); on by
+	// default. Process-wide.
+	Telemetry *Telemetry `json:"telemetry,omitempty"`
 	// Accelerator and energy metadata of upstreams, keyed by dial address (host:port, as in the
 	// reverse_proxy's upstream list). Absent fields are unknown.
 	Upstreams map[string]energy.Profile `json:"upstreams,omitempty"`
@@ -116,6 +119,7 @@ func (p *KVCacheAware) Provision(ctx caddy.Context) error {
 		}
 	}
 
+	warnUnprotected(parentHandler(ctx), p.logger)
 	registerMetrics(ctx.GetMetricsRegistry())
 	st, err := acquireState()
 	if err != nil {
@@ -127,7 +131,10 @@ func (p *KVCacheAware) Provision(ctx caddy.Context) error {
 		static:      static,
 		profiles:    p.Upstreams,
 		logger:      p.logger,
+		scheme:      proxyScheme(ctx),
 		process: processOptions{
+			telemetry:        p.Telemetry.settings(),
+			telemetryGiven:   p.Telemetry != nil,
 			evictionInterval: time.Duration(p.EvictionInterval),
 			maxTreeSize:      p.MaxTreeSize,
 			sessionTTL:       time.Duration(p.SessionTTL),

@@ -168,6 +168,10 @@ func (p *probe) serve(w http.ResponseWriter, r *http.Request) {
 	p.mu.Lock()
 	mode, release := p.mode, p.release
 	p.mu.Unlock()
+	if r.URL.Path == "/metrics" {
+		http.NotFound(w, r) // no telemetry; the policy's scrapes are not requests
+		return
+	}
 	if r.URL.Path == "/health" {
 		if mode == "500" {
 			http.Error(w, "broken", http.StatusInternalServerError)

@@ -25,9 +25,10 @@ type candidate struct {
 
 // Select picks the upstream for r. The decision, in order (docs/design.md):
 //
-//  1. Candidates: available upstreams that serve the request's model; those at max_concurrency
-//     are left out unless all are, and on a retry so are those earlier attempts went to, unless
-//     all are. None: nil (Caddy answers 502, or retries when configured to).
+//  1. Candidates: available upstreams that serve the request's model; those the policy holds
+//     to be down (health.go), then those at max_concurrency, are left out unless all are, and
+//     on a retry so are those earlier attempts went to, unless all are. None: nil (Caddy
+//     answers 502, or retries when configured to).
 //  2. Session: a session bound to a candidate whose load is within the balance band goes there.
 //     A bound upstream out of band is skipped for this request and the binding kept; one that is
 //     unavailable or no longer serves the model is dropped; one merely not in this pool is kept.
@@ -45,6 +46,7 @@ func (p *KVCacheAware) Select(pool reverseproxy.UpstreamPool, r *http.Request, w
 	p.state.ready()
 	req := attemptFor(r, DefaultMaxBody)
 	defer req.placed()
+	p.state.noteRetry(r, req)
 
 	// 1. Candidates.
 	var buf [16]candidate
@@ -83,7 +85,7 @@ func (p *KVCacheAware) Select(pool reverseproxy.UpstreamPool, r *http.Request, w
 
 // candidates appends to dst the upstreams of pool that may take a request for model (step 1).
 func (p *KVCacheAware) candidates(dst []candidate, pool reverseproxy.UpstreamPool, model string) []candidate {
-	saturated := 0
+	now := time.Now().UnixNano()
 	for _, up := range pool {
 		if up == nil || !up.Available() {
 			continue
@@ -93,9 +95,13 @@ func (p *KVCacheAware) candidates(dst []candidate, pool reverseproxy.UpstreamPoo
 			continue
 		}
 		st := p.state.upstream(up.Dial)
-		load := p.state.load(st, up.NumRequests())
+		load := p.state.load(st, up.NumRequests(), now)
 		dst = append(dst, candidate{up: up, st: st, prof: prof, load: load})
-		if saturatedAt(prof, load) {
+	}
+	dst = p.state.leaveOutDown(dst)
+	saturated := 0
+	for i := range dst {
+		if saturatedAt(dst[i].prof, dst[i].load) {
 			saturated++
 		}
 	}
@@ -242,7 +248,7 @@ func (p *KVCacheAware) session(r *http.Request, req *llmRequest, pool reversepro
 
 // keepsBinding reports whether a binding to addr, which is not among the candidates, stays:
 // addr is not in this request's pool but is in another policy's (another site's upstream), or
-// it is in the pool, available and serving model, and was left out for being at
+// it is in the pool, available, not down and serving model, and was left out for being at
 // max_concurrency. An upstream in no live pool has left the config.
 func (p *KVCacheAware) keepsBinding(pool reverseproxy.UpstreamPool, addr, model string) bool {
 	for _, up := range pool {
@@ -250,7 +256,7 @@ func (p *KVCacheAware) keepsBinding(pool reverseproxy.UpstreamPool, addr, model 
 			continue
 		}
 		prof := p.profiles[addr]
-		return up.Available() && (model == "" || prof == nil || prof.Serves(model))
+		return up.Available() && !p.state.isDown(addr) && (model == "" || prof == nil || prof.Serves(model))
 	}
 	return p.state.isStatic(addr)
 }
@@ -375,6 +381,13 @@ func (p *KVCacheAware) commit(r *http.Request, w http.ResponseWriter, req *llmRe
 		}
 	}
 	req.track(r, c.st)
+	req.attempt.Store(c.st)
+	if len(req.tried) == 0 {
+		p.state.watchOutcome(r, req)
+	}
+	if !p.state.isStatic(c.up.Dial) {
+		p.state.seeDynamic(c.up.Dial)
+	}
 	req.tried = append(req.tried, c.up.Dial)
 	c.st.lastUsed.Store(now.UnixNano())
 	p.count(c, req, path)

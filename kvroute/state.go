@@ -46,6 +46,10 @@ type upstreamState struct {
 	queuedTokens atomic.Int64 // their estimated prompt tokens
 	decisions    [numPaths]atomic.Uint64
 	lastUsed     atomic.Int64 // unix nanoseconds of the last decision
+
+	engine      atomic.Pointer[engineView] // the latest telemetry reading's load (telemetry.go)
+	telemetryUp atomic.Bool                // its telemetry answers (for the appear/go-away log lines)
+	health      healthState                // health.go
 }
 
 // registration is what the state knows of one provisioned policy: the state serves policies
@@ -59,6 +63,7 @@ type registration struct {
 	static      []string                  // dial addresses of its reverse_proxy's static upstreams
 	profiles    map[string]energy.Profile // its upstream blocks
 	logger      *zap.Logger
+	scheme      string         // of its reverse_proxy's upstreams: http, or https over TLS
 	process     processOptions // as given; zero: left out
 }
 
@@ -69,6 +74,8 @@ type processOptions struct {
 	maxTreeSize      int64
 	sessionTTL       time.Duration
 	maxSessions      int
+	telemetry        telemetrySettings
+	telemetryGiven   bool
 }
 
 // merge fills o's unset options from q, and reports the first option both set differently.
@@ -85,6 +92,11 @@ func (o *processOptions) merge(q processOptions) error {
 		return conflict("session_ttl", o.sessionTTL, q.sessionTTL)
 	case o.maxSessions != 0 && q.maxSessions != 0 && o.maxSessions != q.maxSessions:
 		return conflict("max_sessions", o.maxSessions, q.maxSessions)
+	case o.telemetryGiven && q.telemetryGiven && o.telemetry != q.telemetry:
+		return conflict("telemetry", o.telemetry, q.telemetry)
+	}
+	if !o.telemetryGiven {
+		o.telemetry, o.telemetryGiven = q.telemetry, q.telemetryGiven
 	}
 	o.evictionInterval = or(o.evictionInterval, q.evictionInterval)
 	o.maxTreeSize = or(o.maxTreeSize, q.maxTreeSize)
@@ -99,7 +111,16 @@ func (o processOptions) withDefaults() processOptions {
 		maxTreeSize:      or(o.maxTreeSize, DefaultMaxTreeSize),
 		sessionTTL:       or(o.sessionTTL, DefaultSessionTTL),
 		maxSessions:      or(o.maxSessions, DefaultMaxSessions),
+		telemetry:        o.telemetrySettings(),
+		telemetryGiven:   true,
 	}
+}
+
+func (o processOptions) telemetrySettings() telemetrySettings {
+	if o.telemetryGiven {
+		return o.telemetry
+	}
+	return (*Telemetry)(nil).settings()
 }
 
 // state is the hub shared by every kv_cache_aware policy of the process: it knows the
@@ -134,6 +155,13 @@ type state struct {
 	started   atomic.Bool
 	startOnce sync.Once
 	dirty     atomic.Bool // a config registered since the options in force were applied
+
+	tel telemetryState // the engines' metrics readers (telemetry.go)
+
+	// Health probes (health.go): bg counts them, bgClosed refuses new ones once destroyed.
+	bg       sync.WaitGroup
+	bgMu     sync.Mutex
+	bgClosed bool
 
 	lastEviction atomic.Pointer[evictionRecord]
 	evictedChars atomic.Int64
@@ -201,13 +229,17 @@ func (s *state) ready() {
 	}
 	s.startOnce.Do(func() {
 		s.started.Store(true)
+		s.syncTelemetry()
 	})
 }
 
-// Destruct stops the eviction goroutine when the last policy lets go of the state.
+// Destruct stops the eviction goroutine, the telemetry readers and the health probes when the
+// last policy lets go of the state.
 func (s *state) Destruct() error {
 	close(s.stop)
 	<-s.done
+	s.stopTelemetry()
+	s.stopHealth()
 	return nil
 }
 
@@ -231,6 +263,7 @@ func (s *state) register(r *registration) error {
 	s.publishStaticLocked()
 	s.dirty.Store(true)
 	s.mu.Unlock()
+	s.syncTelemetry()
 	return nil
 }
 
@@ -258,6 +291,7 @@ func (s *state) unregister(r *registration) {
 	s.applyNewestLocked()
 	logger := s.logger
 	s.mu.Unlock()
+	s.syncTelemetry()
 	for _, a := range gone {
 		if chars, sessions := s.forgetUpstream(a); chars > 0 || sessions > 0 {
 			logger.Info("upstream left the config: dropped its prefixes and sessions",
@@ -339,18 +373,30 @@ func (s *state) isStatic(addr string) bool {
 	return m != nil && (*m)[addr]
 }
 
-// limitsLocked computes the forest's bounds: maxChars, and for each annotated upstream
-// tenantBound(kv_capacity).
+// limitsLocked computes the forest's bounds: maxChars, and for each upstream with a known KV
+// capacity tenantBound(capacity): its kv_capacity annotation, else what its engine reports
+// (telemetry). The annotation wins: the operator may know better (a cache shared with other
+// work, an engine that misreports).
 func (s *state) limitsLocked(maxChars int64) tree.Limits {
 	l := tree.Limits{MaxChars: maxChars}
+	set := func(addr string, tokens int64) {
+		if l.TenantMaxChars == nil {
+			l.TenantMaxChars = make(map[string]int64)
+		}
+		l.TenantMaxChars[addr] = tenantBound(tokens)
+	}
+	annotated := make(map[string]bool)
 	for q := range s.regs {
 		for addr, prof := range q.profiles {
 			if prof.KVCapacity > 0 {
-				if l.TenantMaxChars == nil {
-					l.TenantMaxChars = make(map[string]int64)
-				}
-				l.TenantMaxChars[addr] = tenantBound(prof.KVCapacity)
+				set(addr, prof.KVCapacity)
+				annotated[addr] = true
 			}
+		}
+	}
+	for addr, tokens := range s.tel.capacity {
+		if !annotated[addr] {
+			set(addr, tokens)
 		}
 	}
 	return l
@@ -453,10 +499,11 @@ func (s *state) evict() {
 	logger := s.logger
 	static := s.staticLocked()
 	s.mu.Unlock()
+	s.expireDynamic(time.Now())
 	idle := time.Now().Add(-time.Hour).UnixNano()
 	s.upstreams.Range(func(k, v any) bool {
 		u := v.(*upstreamState)
-		if !static[u.addr] && u.inFlight.Load() == 0 && u.lastUsed.Load() < idle && s.forest.TenantChars(u.addr) == 0 {
+		if !static[u.addr] && u.inFlight.Load() == 0 && u.lastUsed.Load() < idle && s.forest.TenantChars(u.addr) == 0 && !u.health.down.Load() {
 			s.upstreams.Delete(k)
 		}
 		return true

@@ -35,6 +35,13 @@ type UpstreamStatus struct {
 	Decisions    map[string]uint64 `json:"decisions"`
 	LastDecision *time.Time        `json:"last_decision,omitempty"`
 	Profile      *energy.Profile   `json:"profile,omitempty"` // from the newest config's upstream block
+	// Load is the load the decision sees: in_flight plus the engine's external load.
+	Load int64 `json:"load"`
+	// KVCapacityTokens bounds the upstream's share of the trees: kv_capacity, else what the
+	// engine reports; 0 when unknown.
+	KVCapacityTokens int64            `json:"kv_capacity_tokens,omitempty"`
+	Telemetry        *TelemetryStatus `json:"telemetry,omitempty"` // absent when not read
+	Health           HealthStatus     `json:"health"`
 }
 
 // status answers the admin API's GET /kvroute/: what the state knows, per model and upstream.
@@ -62,12 +69,30 @@ func (s *state) status() Status {
 		st.Models[name] = ms
 	}
 	bound := s.sessions.perUpstream()
+	now := time.Now()
+	s.mu.Lock()
+	capacity := make(map[string]int64)
+	for q := range s.regs {
+		for a, prof := range q.profiles {
+			if prof.KVCapacity > 0 {
+				capacity[a] = prof.KVCapacity
+			}
+		}
+	}
+	for a, tokens := range s.tel.capacity {
+		if _, annotated := capacity[a]; !annotated {
+			capacity[a] = tokens
+		}
+	}
+	s.mu.Unlock()
 	for _, a := range addrs {
 		us := UpstreamStatus{TreeChars: s.forest.TenantChars(a), Sessions: bound[a], Decisions: map[string]uint64{}}
 		if v, ok := s.upstreams.Load(a); ok {
 			u := v.(*upstreamState)
 			us.InFlight = u.inFlight.Load()
 			us.QueuedTokens = u.queuedTokens.Load()
+			us.Load = s.load(u, 0, now.UnixNano())
+			us.Health = u.healthStatus()
 			for i, n := range pathNames {
 				us.Decisions[n] = u.decisions[i].Load()
 			}
@@ -78,6 +103,11 @@ func (s *state) status() Status {
 		}
 		if prof, ok := s.profile(a); ok {
 			us.Profile = &prof
+		}
+		us.KVCapacityTokens = capacity[a]
+		us.Telemetry = s.telemetryStatus(a, now)
+		if us.Health.State == "" {
+			us.Health.State = "up"
 		}
 		st.Upstreams[a] = us
 	}

@@ -48,6 +48,10 @@ func newBackend(t testing.TB, name string) *backend {
 func (b *backend) addr() string { return strings.TrimPrefix(b.srv.URL, "http://") }
 
 func (b *backend) serve(w http.ResponseWriter, r *http.Request) {
+	if r.URL.Path == "/metrics" {
+		http.NotFound(w, r) // no telemetry; the policy's scrapes are not requests
+		return
+	}
 	if r.URL.Path == "/health" {
 		b.mu.Lock()
 		bad := b.unhealthy

@@ -33,7 +33,12 @@ func (b *bench) runOnce(ctx context.Context, p policy) (*replay.Result, error) {
 	opts := b.cfg.replayOptions(caddy.URL, b.fleet.CapacityBlocks(), b.fleet.BlockTokens())
 	opts.Prompt = b.fleet.Prompt()
 	opts.Client = b.fleet.Client(max(opts.Concurrency, opts.MaxInFlight, 256))
+	side := startSideLoad(ctx, b.fleet.Addrs()[0], b.cfg.sideLoad)
 	res, err := replay.Run(ctx, b.workload, opts)
+	side.stop()
+	if b.cfg.sideLoad > 0 {
+		fmt.Printf("(side load on %s: %d requests, %d failed) ", b.fleet.Addrs()[0], side.sent.Load(), side.failed.Load())
+	}
 	if stopErr := caddy.Stop(); err == nil && stopErr != nil {
 		fmt.Fprintln(os.Stderr, "warning:", stopErr)
 	}

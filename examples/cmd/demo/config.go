@@ -52,6 +52,8 @@ type config struct {
 
 	kvOptions   []string
 	kvCapacity  bool
+	telemetry   bool
+	sideLoad    int
 	sweep       bool
 	walkthrough bool
 
@@ -96,6 +98,8 @@ func parseFlags(args []string) (*config, error) {
 
 	kv := fs.String("kv-options", "", `extra lines inside the kv_cache_aware block, separated by ";" (e.g. "cache_threshold 0.3; balance_abs_threshold 8")`)
 	fs.BoolVar(&cfg.kvCapacity, "kv-capacity", true, "annotate each upstream of kv_cache_aware with its prefix cache size (kv_capacity, in tokens), as an operator would from vLLM's \"GPU KV cache size\" log line; false: no annotation")
+	fs.BoolVar(&cfg.telemetry, "telemetry", true, "kv_cache_aware reads each worker's /metrics (KV capacity, queue, health; its default); false: `telemetry off`, the baseline without the engines' figures")
+	fs.IntVar(&cfg.sideLoad, "side-load", 0, "closed-loop clients sending cold prompts straight to the first worker during each replay: traffic the router did not send (0: none)")
 	fs.BoolVar(&cfg.sweep, "sweep", false, "run kv_cache_aware alone over a grid of cache_threshold × balance_abs_threshold × on_imbalance and print a table")
 	fs.BoolVar(&cfg.walkthrough, "walkthrough", true, "show kv_cache_aware routing a conversation and unrelated prompts before the comparison")
 
@@ -121,6 +125,9 @@ func parseFlags(args []string) (*config, error) {
 		return nil, fmt.Errorf("unexpected arguments: %v", fs.Args())
 	}
 	cfg.kvOptions = splitOptions(*kv)
+	if !cfg.telemetry {
+		cfg.kvOptions = append(cfg.kvOptions, "telemetry off")
+	}
 	return cfg, cfg.finish()
 }
 
@@ -131,6 +138,9 @@ func (c *config) finish() error {
 	}
 	if c.fleet != "sim" && c.fleet != "llmd" {
 		return fmt.Errorf("-fleet: want sim or llmd, got %q", c.fleet)
+	}
+	if c.sideLoad < 0 {
+		return errors.New("-side-load must be >= 0")
 	}
 	if c.workers < 1 || c.repeats < 1 || c.concurrency < 1 || c.sample < 1 {
 		return errors.New("-workers, -repeats, -concurrency and -sample must be at least 1")
@@ -255,7 +265,9 @@ type params struct {
 	Sample          int      `json:"sample,omitempty"`
 	Repeats         int      `json:"repeats"`
 	KVOptions       []string `json:"kv_options,omitempty"`
-	KVCapacity      bool     `json:"kv_capacity"` // upstreams annotated with their cache size
+	KVCapacity      bool     `json:"kv_capacity"`         // upstreams annotated with their cache size
+	Telemetry       bool     `json:"telemetry"`           // kv_cache_aware reads the workers' metrics
+	SideLoad        int      `json:"side_load,omitempty"` // clients sending straight to the first worker
 	Caddy           string   `json:"caddy"`
 }
 
@@ -263,7 +275,7 @@ func (c *config) params() params {
 	p := params{
 		Fleet: c.fleet, Workers: c.workers, BlocksPerWorker: c.blocks, Workload: c.kind,
 		SessionHeader: c.sessionHeader, Loop: c.loopDescription(), Limit: c.limit,
-		Repeats: c.repeats, KVOptions: c.kvOptions, KVCapacity: c.kvCapacity, Caddy: c.caddy,
+		Repeats: c.repeats, KVOptions: c.kvOptions, KVCapacity: c.kvCapacity, Telemetry: c.telemetry, SideLoad: c.sideLoad, Caddy: c.caddy,
 	}
 	if c.fleet == "sim" {
 		p.Speed = c.speed

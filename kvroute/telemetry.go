@@ -1,0 +1,522 @@
+package kvroute
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
+	"go.uber.org/zap"
+
+	kvcf "github.com/kvroute/caddy-kvroute/caddyfile"
+	"github.com/kvroute/caddy-kvroute/kvroute/telemetry"
+)
+
+// Telemetry configures the reading of the upstreams' own metrics endpoints (process-wide: one
+// reader per upstream, whatever the number of policies). In JSON, {"off": true} turns it off;
+// an absent block means on with the defaults.
+type Telemetry struct {
+	// Off disables telemetry.
+	Off bool `json:"off,omitempty"`
+	// Path of the metrics endpoint on each upstream's own host:port. Default: /metrics.
+	Path string `json:"path,omitempty"`
+	// Interval between two reads of one upstream (at least 100ms). Default: 1s.
+	Interval caddy.Duration `json:"interval,omitempty"`
+	// Timeout of one read (at most the interval). Default: 500ms.
+	Timeout caddy.Duration `json:"timeout,omitempty"`
+}
+
+// Defaults and bounds of the telemetry options.
+const (
+	DefaultTelemetryPath     = "/metrics"
+	DefaultTelemetryInterval = telemetry.DefaultInterval
+	DefaultTelemetryTimeout  = telemetry.DefaultTimeout
+	// Reading faster than this costs the engines a page render each time for figures that
+	// change no faster.
+	minTelemetryInterval = 100 * time.Millisecond
+	// maxDynamicTargets bounds the dynamic upstreams read besides the static ones: dynamic
+	// upstream addresses come from DNS or a discovery service and may churn.
+	maxDynamicTargets = 256
+	// dynamicTargetTTL: a dynamic upstream not chosen for this long is no longer read.
+	dynamicTargetTTL = 10 * time.Minute
+	// readingLifetime is how many intervals a reading's external load counts: an engine whose
+	// endpoint stopped answering must not keep a queue it may have drained long ago.
+	readingLifetime = 3
+)
+
+// telemetrySettings are the telemetry options in force, defaults applied (comparable: the
+// policies of one config must agree on them).
+type telemetrySettings struct {
+	off      bool
+	path     string
+	interval time.Duration
+	timeout  time.Duration
+}
+
+func (t *Telemetry) settings() telemetrySettings {
+	if t == nil {
+		return telemetrySettings{path: DefaultTelemetryPath, interval: DefaultTelemetryInterval, timeout: DefaultTelemetryTimeout}
+	}
+	return telemetrySettings{
+		off:      t.Off,
+		path:     or(t.Path, DefaultTelemetryPath),
+		interval: or(time.Duration(t.Interval), DefaultTelemetryInterval),
+		timeout:  or(time.Duration(t.Timeout), DefaultTelemetryTimeout),
+	}
+}
+
+func (t telemetrySettings) String() string {
+	if t.off {
+		return "off"
+	}
+	return fmt.Sprintf("{path %s interval %v timeout %v}", t.path, t.interval, t.timeout)
+}
+
+func checkTelemetry(t telemetrySettings) error {
+	switch {
+	case t.off:
+		return nil
+	case !strings.HasPrefix(t.path, "/") || strings.ContainsAny(t.path, "?# \t"):
+		return fmt.Errorf("path: want an absolute URL path such as /metrics, got %q", t.path)
+	case t.interval < minTelemetryInterval:
+		return fmt.Errorf("interval: must be at least %v, got %v", minTelemetryInterval, t.interval)
+	case t.timeout <= 0 || t.timeout > t.interval:
+		return fmt.Errorf("timeout: must be positive and at most the interval (%v), got %v", t.interval, t.timeout)
+	}
+	return nil
+}
+
+// unmarshalTelemetry reads `telemetry off` or a `telemetry { path, interval, timeout }` block.
+func (p *KVCacheAware) unmarshalTelemetry(d *caddyfile.Dispenser) error {
+	t := new(Telemetry)
+	args := d.RemainingArgs()
+	switch {
+	case len(args) == 1 && args[0] == "off":
+		t.Off = true
+		if d.NextBlock(d.Nesting()) {
+			return d.Err("telemetry off: takes no block")
+		}
+		p.Telemetry = t
+		return nil
+	case len(args) > 0:
+		return d.Errf("telemetry: want `off` or a block, got %q", strings.Join(args, " "))
+	}
+	seen := make(map[string]bool)
+	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		opt := d.Val()
+		if seen[opt] {
+			return d.Errf("telemetry: %s: given twice", opt)
+		}
+		seen[opt] = true
+		switch opt {
+		case "path":
+			v, err := kvcf.StringArg(d)
+			if err != nil {
+				return err
+			}
+			t.Path = v
+		case "interval", "timeout":
+			v, err := kvcf.DurationArg(d)
+			if err != nil {
+				return err
+			}
+			if v <= 0 {
+				return d.Errf("telemetry: %s: must be positive", opt)
+			}
+			if opt == "interval" {
+				t.Interval = caddy.Duration(v)
+			} else {
+				t.Timeout = caddy.Duration(v)
+			}
+		default:
+			return d.Errf("telemetry: unrecognized option %q (options: path, interval, timeout)", opt)
+		}
+	}
+	p.Telemetry = t
+	return nil
+}
+
+// proxyScheme is the scheme of the upstreams of the reverse_proxy handler that loads the
+// policy: https when its transport uses TLS. Caddy provisions the transport before the
+// selection policy.
+func proxyScheme(ctx caddy.Context) string {
+	if h := parentHandler(ctx); h != nil {
+		if t, ok := h.Transport.(*reverseproxy.HTTPTransport); ok && t.TLS != nil {
+			return "https"
+		}
+	}
+	return "http"
+}
+
+// parentHandler returns the reverse_proxy handler that loads the policy, or nil.
+func parentHandler(ctx caddy.Context) *reverseproxy.Handler {
+	var h *reverseproxy.Handler
+	for _, m := range ctx.Modules() {
+		if rp, ok := m.(*reverseproxy.Handler); ok {
+			h = rp
+		}
+	}
+	return h
+}
+
+// telemetryState is the state's reader of the upstreams' metrics: one Scraper for the process,
+// created on the first decision and replaced when a reload changes the options.
+type telemetryState struct {
+	mu      sync.Mutex // serializes syncTelemetry and stopTelemetry; never held with state.mu
+	scraper *telemetry.Scraper
+	conf    telemetrySettings // the scraper's
+	closed  bool              // the state was destroyed
+
+	// current is the scraper for lock-free reads (the request path, the admin API).
+	current atomic.Pointer[telemetry.Scraper]
+	// dynamic holds the dynamic upstreams being read, nDynamic their number.
+	dynamic  sync.Map // dial address → struct{}
+	nDynamic atomic.Int64
+
+	// capacity holds the KV capacities the engines report, in tokens; guarded by state.mu
+	// (limitsLocked reads it).
+	capacity map[string]int64
+}
+
+// engineView is what the latest reading says about an upstream's load: the requests the
+// engine runs and queues beyond those this router had sent it when it answered.
+type engineView struct {
+	at       time.Time
+	until    int64 // unix nanoseconds after which the reading no longer counts
+	external int64
+}
+
+// externalLoad returns the upstream's external load at now (unix nanoseconds): 0 without a
+// reading, or once the reading is older than readingLifetime intervals.
+func (u *upstreamState) externalLoad(now int64) int64 {
+	if e := u.engine.Load(); e != nil && now <= e.until {
+		return e.external
+	}
+	return 0
+}
+
+// syncTelemetry puts the telemetry options in force and makes the scraper read every static
+// upstream of the live policies (plus the dynamic ones it reads already). It does nothing
+// before the first decision: caddy validate and adapt provision policies but must start no
+// background work. state.mu must not be held: stopping a scraper waits for its Observe calls,
+// which take state.mu.
+func (s *state) syncTelemetry() {
+	if !s.started.Load() {
+		return
+	}
+	s.tel.mu.Lock()
+	defer s.tel.mu.Unlock()
+	if s.tel.closed {
+		return
+	}
+	s.mu.Lock()
+	conf := s.options.telemetry
+	want := make(map[string]string)
+	if !conf.off {
+		for addr := range s.staticLocked() {
+			if url := s.metricsURLLocked(addr); url != "" {
+				want[addr] = url
+			}
+		}
+	}
+	s.mu.Unlock()
+
+	if s.tel.scraper != nil && s.tel.conf != conf {
+		s.stopScraperLocked()
+	}
+	if conf.off {
+		return
+	}
+	if s.tel.scraper == nil {
+		s.tel.scraper = telemetry.NewScraper(telemetry.Options{
+			Interval: conf.interval,
+			Timeout:  conf.timeout,
+			Observe: func(prev, cur *telemetry.Snapshot) {
+				s.observe(conf.interval, prev, cur)
+			},
+		})
+		s.tel.conf = conf
+		s.tel.current.Store(s.tel.scraper)
+	}
+	sc := s.tel.scraper
+	for _, key := range sc.Keys() {
+		if _, dyn := s.tel.dynamic.Load(key); !dyn && want[key] == "" {
+			sc.Remove(key)
+			s.forgetEngine(key)
+		}
+	}
+	for key, url := range want {
+		if err := sc.Add(telemetry.Target{Key: key, URL: url}); err != nil {
+			s.log().Debug("telemetry: not reading an upstream", zap.String("upstream", key), zap.Error(err))
+		}
+	}
+}
+
+// stopScraperLocked stops the scraper and forgets what it read. s.tel.mu is held.
+func (s *state) stopScraperLocked() {
+	sc := s.tel.scraper
+	s.tel.scraper = nil
+	s.tel.current.Store(nil)
+	sc.Stop()
+	for _, key := range sc.Keys() {
+		s.forgetEngine(key)
+	}
+	s.tel.dynamic.Range(func(k, _ any) bool {
+		s.tel.dynamic.Delete(k)
+		s.forgetEngine(k.(string))
+		return true
+	})
+	s.tel.nDynamic.Store(0)
+	s.mu.Lock()
+	for addr := range s.tel.capacity {
+		delete(s.tel.capacity, addr)
+	}
+	s.forest.SetLimits(s.limitsLocked(s.options.maxTreeSize))
+	s.mu.Unlock()
+}
+
+// stopTelemetry stops the scraper for good (Destruct).
+func (s *state) stopTelemetry() {
+	s.tel.mu.Lock()
+	defer s.tel.mu.Unlock()
+	s.tel.closed = true
+	if s.tel.scraper != nil {
+		s.stopScraperLocked()
+	}
+}
+
+// forgetEngine drops an upstream's engine figures and its reported KV capacity.
+func (s *state) forgetEngine(addr string) {
+	if v, ok := s.upstreams.Load(addr); ok {
+		u := v.(*upstreamState)
+		u.engine.Store(nil)
+		u.telemetryUp.Store(false)
+	}
+	s.mu.Lock()
+	if _, ok := s.tel.capacity[addr]; ok {
+		delete(s.tel.capacity, addr)
+		s.forest.SetLimits(s.limitsLocked(s.options.maxTreeSize))
+	}
+	s.mu.Unlock()
+}
+
+// metricsURLLocked returns the metrics endpoint of the upstream dialled at addr: the newest
+// live policy's metrics_url for it, else <scheme>://<addr><path> with the scheme of a policy
+// that lists it (the newest one's for a dynamic upstream); "" when there is none (a Unix
+// socket without metrics_url).
+func (s *state) metricsURLLocked(addr string) string {
+	var newest, lister *registration
+	url := ""
+	for q := range s.regs {
+		if prof, ok := q.profiles[addr]; ok && prof.MetricsURL != "" && (newest == nil || q.provisioned.After(newest.provisioned)) {
+			newest, url = q, prof.MetricsURL
+		}
+	}
+	if url != "" {
+		return url
+	}
+	if _, _, err := net.SplitHostPort(addr); err != nil || strings.ContainsAny(addr, "{}/") {
+		return ""
+	}
+	for q := range s.regs {
+		for _, a := range q.static {
+			if a == addr && (lister == nil || q.provisioned.After(lister.provisioned)) {
+				lister = q
+			}
+		}
+	}
+	if lister == nil {
+		lister = s.newestLocked()
+	}
+	scheme := "http"
+	if lister != nil && lister.scheme != "" {
+		scheme = lister.scheme
+	}
+	return telemetry.MetricsURL(scheme, addr, s.options.telemetry.path)
+}
+
+// seeDynamic starts reading a dynamic upstream the first time a decision picks it, up to
+// maxDynamicTargets of them. The check on the request path is one map load.
+func (s *state) seeDynamic(addr string) {
+	if _, ok := s.tel.dynamic.Load(addr); ok {
+		return
+	}
+	sc := s.tel.current.Load()
+	if sc == nil || s.tel.nDynamic.Load() >= maxDynamicTargets {
+		return
+	}
+	if _, loaded := s.tel.dynamic.LoadOrStore(addr, struct{}{}); loaded {
+		return
+	}
+	s.tel.nDynamic.Add(1)
+	s.mu.Lock()
+	url := s.metricsURLLocked(addr)
+	s.mu.Unlock()
+	if url == "" {
+		return // kept in dynamic, so that it is not looked at again until it expires
+	}
+	if err := sc.Add(telemetry.Target{Key: addr, URL: url}); err != nil {
+		// The scraper was replaced meanwhile (a reload changed telemetry): the next decision
+		// for addr tries again. A full scraper stays full: addr stays marked until it expires.
+		if !errors.Is(err, telemetry.ErrTooManyTargets) {
+			s.tel.dynamic.Delete(addr)
+			s.tel.nDynamic.Add(-1)
+		}
+		s.log().Debug("telemetry: not reading a dynamic upstream", zap.String("upstream", addr), zap.Error(err))
+	}
+}
+
+// expireDynamic stops reading the dynamic upstreams no decision picked for dynamicTargetTTL
+// (run by the eviction pass).
+func (s *state) expireDynamic(now time.Time) {
+	sc := s.tel.current.Load()
+	idle := now.Add(-dynamicTargetTTL).UnixNano()
+	s.tel.dynamic.Range(func(k, _ any) bool {
+		addr := k.(string)
+		if s.isStatic(addr) {
+			return true // now a static upstream: syncTelemetry reads it as such
+		}
+		if v, ok := s.upstreams.Load(addr); ok && v.(*upstreamState).lastUsed.Load() >= idle {
+			return true
+		}
+		s.tel.dynamic.Delete(addr)
+		s.tel.nDynamic.Add(-1)
+		if sc != nil {
+			sc.Remove(addr)
+		}
+		s.forgetEngine(addr)
+		return true
+	})
+}
+
+// observe takes in one scrape's outcome (from the target's goroutine): the engine's load
+// beyond this router's own, its KV capacity, and the health signal.
+func (s *state) observe(interval time.Duration, _, cur *telemetry.Snapshot) {
+	// A scrape that ends as its target is removed (the upstream left the config, or the
+	// scraper is being replaced) is still observed once: it must not bring back the figures
+	// forgetEngine just dropped. The scraper publishes the snapshot before observing it, so a
+	// live target has one.
+	if sc := s.tel.current.Load(); sc == nil || sc.Snapshot(cur.Key) == nil {
+		return
+	}
+	u := s.upstream(cur.Key)
+	switch cur.Outcome {
+	case telemetry.OutcomeOK:
+		r := &cur.Reading
+		if r.Known&(telemetry.HasRunning|telemetry.HasWaiting) != 0 {
+			// own(t_reading): the count now, a moment after the engine answered.
+			ext := max(0, r.Running+r.Waiting-u.inFlight.Load())
+			life := time.Duration(readingLifetime) * interval
+			u.engine.Store(&engineView{at: r.At, until: r.At.Add(life).UnixNano(), external: ext})
+		}
+		if r.Known.Has(telemetry.HasKVCapacity) {
+			s.setEngineCapacity(cur.Key, r.KVCapacityTokens)
+		}
+		if !u.telemetryUp.Swap(true) {
+			s.log().Info("telemetry: reading the upstream's engine",
+				zap.String("upstream", cur.Key), zap.String("url", cur.URL),
+				zap.String("engine", string(r.Engine)), zap.Stringer("figures", r.Known),
+				zap.Int64("kv_capacity_tokens", r.KVCapacityTokens))
+		}
+		s.healthy(u, true, "telemetry reading")
+	case telemetry.OutcomeRefused:
+		s.fail(u, "telemetry: "+cur.LastError)
+	}
+	if cur.Outcome != telemetry.OutcomeOK {
+		logger := s.log()
+		logger.Debug("telemetry: scrape failed", zap.String("upstream", cur.Key),
+			zap.Stringer("outcome", cur.Outcome), zap.String("error", cur.LastError))
+		// A single slow page is not the telemetry going away; three failed reads in a row are.
+		if cur.Failures == 3 && u.telemetryUp.Swap(false) {
+			logger.Info("telemetry: lost the upstream's engine figures",
+				zap.String("upstream", cur.Key), zap.String("url", cur.URL),
+				zap.Stringer("outcome", cur.Outcome), zap.String("error", cur.LastError))
+		}
+	}
+}
+
+// setEngineCapacity records the KV capacity an engine reported and bounds its share of the
+// trees by it (unless a policy annotates kv_capacity: the annotation wins).
+func (s *state) setEngineCapacity(addr string, tokens int64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.tel.capacity[addr] == tokens {
+		return
+	}
+	if s.tel.capacity == nil {
+		s.tel.capacity = make(map[string]int64)
+	}
+	s.tel.capacity[addr] = tokens
+	s.forest.SetLimits(s.limitsLocked(s.options.maxTreeSize))
+}
+
+// log returns the newest config's logger.
+func (s *state) log() *zap.Logger {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.logger
+}
+
+// TelemetryStatus is what GET /kvroute/ shows of an upstream's telemetry.
+type TelemetryStatus struct {
+	URL     string           `json:"url"`
+	Engine  telemetry.Engine `json:"engine,omitempty"`
+	Figures FiguresStatus    `json:"figures"`
+	// ReadAt is when the engine answered the latest successful read; AgeSeconds its age.
+	ReadAt     *time.Time        `json:"read_at,omitempty"`
+	AgeSeconds float64           `json:"age_seconds,omitempty"`
+	External   int64             `json:"external_load"` // counted in the load, while the reading is fresh
+	Outcome    string            `json:"outcome"`       // of the latest attempt: ok, refused, not_found, stale, ...
+	Failures   int               `json:"failures"`      // attempts since the latest reading
+	LastError  string            `json:"last_error,omitempty"`
+	Counts     map[string]uint64 `json:"counts"` // attempts by outcome
+	Ignored    uint64            `json:"ignored_samples"`
+}
+
+// FiguresStatus are the engine's figures of the latest reading; Known lists those it reported
+// ("running,waiting,kv_usage,kv_capacity").
+type FiguresStatus struct {
+	Running          int64   `json:"running"`
+	Waiting          int64   `json:"waiting"`
+	KVUsage          float64 `json:"kv_usage"`
+	KVCapacityTokens int64   `json:"kv_capacity_tokens"`
+	Known            string  `json:"known"`
+}
+
+// telemetryStatus returns the admin API's view of addr's telemetry, or nil when it is not read.
+func (s *state) telemetryStatus(addr string, now time.Time) *TelemetryStatus {
+	sc := s.tel.current.Load()
+	if sc == nil {
+		return nil
+	}
+	snap := sc.Snapshot(addr)
+	if snap == nil {
+		return nil
+	}
+	f := &snap.Reading.Figures
+	ts := &TelemetryStatus{
+		URL: snap.URL, Engine: snap.Reading.Engine,
+		Figures: FiguresStatus{Running: f.Running, Waiting: f.Waiting, KVUsage: f.KVUsage, KVCapacityTokens: f.KVCapacityTokens, Known: f.Known.String()},
+		Outcome: snap.Outcome.String(), Failures: snap.Failures, LastError: snap.LastError,
+		Counts: make(map[string]uint64), Ignored: snap.Ignored,
+	}
+	for _, o := range telemetry.Outcomes() {
+		if n := snap.Counts[o]; n > 0 {
+			ts.Counts[o.String()] = n
+		}
+	}
+	if !snap.Reading.At.IsZero() {
+		at := snap.Reading.At.UTC()
+		ts.ReadAt, ts.AgeSeconds = &at, snap.Age(now).Seconds()
+	}
+	if v, ok := s.upstreams.Load(addr); ok {
+		ts.External = v.(*upstreamState).externalLoad(now.UnixNano())
+	}
+	return ts
+}
