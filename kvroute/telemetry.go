@@ -189,7 +189,8 @@ type telemetryState struct {
 type engineView struct {
 	at       time.Time
 	until    int64 // unix nanoseconds after which the reading no longer counts
-	external int64
+	external int64 // counted in the load: the smaller of this reading's raw and the previous one's
+	raw      int64 // this reading's running + waiting − own
 }
 
 // externalLoad returns the upstream's external load at now (unix nanoseconds): 0 without a
@@ -410,10 +411,17 @@ func (s *state) observe(interval time.Duration, _, cur *telemetry.Snapshot) {
 	case telemetry.OutcomeOK:
 		r := &cur.Reading
 		if r.Known&(telemetry.HasRunning|telemetry.HasWaiting) != 0 {
-			// own(t_reading): the count now, a moment after the engine answered.
-			ext := max(0, r.Running+r.Waiting-u.inFlight.Load())
+			// own(t_reading) is the count now, a moment after the engine answered: requests that
+			// ended in that moment make the engine's figure look larger than what this router
+			// sent, a spike of one reading. Traffic from elsewhere lasts, so what counts is the
+			// smaller of the last two fresh readings (an interval later than one reading would).
+			raw := max(0, r.Running+r.Waiting-u.inFlight.Load())
+			ext := int64(0)
+			if prev := u.engine.Load(); prev != nil && r.At.UnixNano() <= prev.until {
+				ext = min(raw, prev.raw)
+			}
 			life := time.Duration(readingLifetime) * interval
-			u.engine.Store(&engineView{at: r.At, until: r.At.Add(life).UnixNano(), external: ext})
+			u.engine.Store(&engineView{at: r.At, until: r.At.Add(life).UnixNano(), external: ext, raw: raw})
 		}
 		if r.Known.Has(telemetry.HasKVCapacity) {
 			s.setEngineCapacity(cur.Key, r.KVCapacityTokens)

@@ -19,9 +19,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/kvroute/caddy-kvroute/kvroute/telemetry"
 )
@@ -576,5 +580,30 @@ localhost:%d {
 	}
 	if us := upstreamStatus(t, engines[0].addr()); us.Telemetry != nil || us.KVCapacityTokens != 0 {
 		t.Errorf("telemetry off: the status still shows telemetry %+v, capacity %d", us.Telemetry, us.KVCapacityTokens)
+	}
+}
+
+// One info line when an upstream's telemetry appears and one when it goes away, however many
+// reads follow; the figures go with it.
+func TestTelemetryLogsAppearAndGoAway(t *testing.T) {
+	e := newEngine(t, "u1", 10)
+	p := newPolicy(t, &KVCacheAware{Telemetry: &Telemetry{Interval: caddy.Duration(100 * time.Millisecond), Timeout: caddy.Duration(100 * time.Millisecond)}})
+	core, logs := observer.New(zap.InfoLevel)
+	p.state.mu.Lock()
+	p.state.logger = zap.New(core)
+	p.state.mu.Unlock()
+	pick(t, p, newPool(e.addr()), "m", "hello") // the first decision starts the readers
+	count := func(msg string) int { return logs.FilterMessage(msg).Len() }
+	const appeared, lost = "telemetry: reading the upstream's engine", "telemetry: lost the upstream's engine figures"
+	waitFor(t, func() bool { return count(appeared) == 1 }, "the appear line")
+	time.Sleep(300 * time.Millisecond) // more reads
+	e.set(0, 0, "404")
+	waitFor(t, func() bool { return count(lost) == 1 }, "the go-away line")
+	time.Sleep(300 * time.Millisecond)
+	if a, l := count(appeared), count(lost); a != 1 || l != 1 {
+		t.Errorf("%d appear and %d go-away lines, want one each", a, l)
+	}
+	if f := logs.FilterMessage(appeared).All()[0].ContextMap(); f["engine"] != "vllm" || f["kv_capacity_tokens"] != int64(160) {
+		t.Errorf("the appear line says %v", f)
 	}
 }
