@@ -11,6 +11,7 @@ import (
 	"github.com/caddyserver/caddy/v2"
 
 	"github.com/kvroute/caddy-kvroute/energy"
+	"github.com/kvroute/caddy-kvroute/kvroute/cluster"
 )
 
 func init() {
@@ -50,6 +51,7 @@ type Status struct {
 	Evictions    int64                     `json:"evictions"`
 	EvictedChars int64                     `json:"evicted_chars"`
 	LastEviction *evictionRecord           `json:"last_eviction,omitempty"`
+	Cluster      *cluster.Stats            `json:"cluster,omitempty"` // with the cluster option, once running
 }
 
 // ModelStatus is one model's tree.
@@ -82,7 +84,7 @@ func (a Admin) serve(w http.ResponseWriter, r *http.Request) error {
 			return apiError(http.StatusMethodNotAllowed, "method %s not allowed; use POST", r.Method)
 		}
 		if s := currentState(); s != nil {
-			s.reset()
+			s.adminReset() // and on every peer, with a cluster
 		}
 		return writeJSON(w, http.StatusOK, map[string]any{"reset": true})
 	case strings.HasPrefix(rest, "/sessions/"):
@@ -95,10 +97,16 @@ func (a Admin) serve(w http.ResponseWriter, r *http.Request) error {
 			return apiError(http.StatusBadRequest, "bad session id")
 		}
 		s := currentState()
-		if s == nil || !s.forgetSession(boundKey(id, maxSessionLen)) {
+		if s == nil {
 			return apiError(http.StatusNotFound, "no binding for that session")
 		}
-		return writeJSON(w, http.StatusOK, map[string]any{"forgotten": true})
+		// With a cluster the forget goes to every peer, which may hold a binding this replica
+		// never saw: it is not a 404 then.
+		found, published := s.adminForget(boundKey(id, maxSessionLen))
+		if !found && !published {
+			return apiError(http.StatusNotFound, "no binding for that session")
+		}
+		return writeJSON(w, http.StatusOK, map[string]any{"forgotten": found, "published": published})
 	default:
 		return apiError(http.StatusNotFound, "no such endpoint; see GET /kvroute/")
 	}
@@ -115,6 +123,7 @@ func status(s *state) Status {
 	st.Evictions = s.evictions.Load()
 	st.EvictedChars = s.evictedChars.Load()
 	st.LastEviction = s.lastEviction.Load()
+	st.Cluster = s.clusterStats()
 	addrs := s.upstreamAddrs()
 	for _, name := range s.forest.Names() {
 		t := s.forest.Get(name)

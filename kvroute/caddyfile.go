@@ -27,6 +27,12 @@ import (
 //		max_sessions           100000
 //		expected_tokens        256
 //		fallback               joule        # joule | carbon | least_busy | round_robin | random
+//		cluster nats://10.0.0.9:4222 [<url>...] {   # off unless given; process-wide
+//			name   fleet-a                          # required: replicas of one fleet share it
+//			secret {env.KVROUTE_CLUSTER_SECRET}     # required, >= 16 bytes
+//			creds  /etc/nats/kvroute.creds          # optional
+//			tls_ca /etc/nats/ca.pem                 # optional, for tls:// URLs
+//		}
 //		upstream 10.0.0.1:8000 {
 //			accelerator              gpu    # gpu | cpu | tpu | npu | other
 //			models                   llama-3.1-8b qwen*
@@ -140,6 +146,8 @@ func (p *KVCacheAware) unmarshalOption(d *caddyfile.Dispenser, opt string) error
 		p.ExpectedTokens, err = kvcf.IntArg(d)
 	case "fallback":
 		p.Fallback, err = kvcf.StringArg(d)
+	case "cluster":
+		p.Cluster, err = parseCluster(d)
 	case "upstream":
 		addr, prof, perr := kvcf.ParseUpstream(d)
 		if perr != nil {

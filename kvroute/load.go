@@ -11,5 +11,5 @@ package kvroute
 // figures read at t_reading. Each request counts once. Without telemetry or cluster, the
 // missing terms are 0.
 func (s *state) load(u *upstreamState, numRequests int) int64 {
-	return max(u.inFlight.Load(), int64(numRequests))
+	return max(u.inFlight.Load(), int64(numRequests)) + s.peersInFlight(u.addr)
 }

@@ -12,6 +12,7 @@ import (
 	"golang.org/x/net/http/httpguts"
 
 	"github.com/kvroute/caddy-kvroute/energy"
+	"github.com/kvroute/caddy-kvroute/kvroute/cluster"
 )
 
 // Defaults of the policy's and the matcher's options: the one place where they are defined.
@@ -57,8 +58,10 @@ type settings struct {
 	maxSessions      int
 	expectedTokens   int
 	fallback         string
-	cookie           *SessionCookie // nil: no cookie sessions; Name defaulted
-	cookieSecretSet  bool           // a secret was given, even if it resolved to nothing
+	cookie           *SessionCookie  // nil: no cookie sessions; Name defaulted
+	cookieSecretSet  bool            // a secret was given, even if it resolved to nothing
+	cluster          *cluster.Config // nil: no cluster; the secret resolved like the cookie's
+	clusterSecretSet bool
 }
 
 // settings resolves p's options. With resolve, placeholders in the cookie secret are replaced
@@ -83,6 +86,10 @@ func (p *KVCacheAware) settings(resolve bool) settings {
 		if resolve && c.Secret != "" {
 			s.cookie.Secret = caddy.NewReplacer().ReplaceKnown(c.Secret, "")
 		}
+	}
+	if c := p.Cluster; c != nil {
+		cfg := c.config(resolve)
+		s.cluster, s.clusterSecretSet = &cfg, c.Secret != ""
 	}
 	return s
 }
@@ -178,6 +185,7 @@ var optionChecks = []struct {
 		_, err := energy.ParseStrategy(s.fallback)
 		return err
 	}},
+	{"cluster", func(s *settings) error { return checkCluster(s.cluster, s.clusterSecretSet) }},
 }
 
 // check runs the check of the option named name.

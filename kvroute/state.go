@@ -14,6 +14,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/kvroute/caddy-kvroute/energy"
+	"github.com/kvroute/caddy-kvroute/kvroute/cluster"
 	"github.com/kvroute/caddy-kvroute/tree"
 )
 
@@ -67,6 +68,7 @@ type processOptions struct {
 	maxTreeSize      int64
 	sessionTTL       time.Duration
 	maxSessions      int
+	cluster          *cluster.Config // nil: left out (no cluster)
 }
 
 // merge fills o's unset options from q, and reports the first option both set differently.
@@ -83,11 +85,14 @@ func (o *processOptions) merge(q processOptions) error {
 		return conflict("session_ttl", o.sessionTTL, q.sessionTTL)
 	case o.maxSessions != 0 && q.maxSessions != 0 && o.maxSessions != q.maxSessions:
 		return conflict("max_sessions", o.maxSessions, q.maxSessions)
+	case o.cluster != nil && q.cluster != nil && !o.cluster.Equal(*q.cluster):
+		return conflict("cluster", describeCluster(o.cluster), describeCluster(q.cluster)+" (or another secret, creds or tls_ca)")
 	}
 	o.evictionInterval = or(o.evictionInterval, q.evictionInterval)
 	o.maxTreeSize = or(o.maxTreeSize, q.maxTreeSize)
 	o.sessionTTL = or(o.sessionTTL, q.sessionTTL)
 	o.maxSessions = or(o.maxSessions, q.maxSessions)
+	o.cluster = or(o.cluster, q.cluster)
 	return nil
 }
 
@@ -97,6 +102,7 @@ func (o processOptions) withDefaults() processOptions {
 		maxTreeSize:      or(o.maxTreeSize, DefaultMaxTreeSize),
 		sessionTTL:       or(o.sessionTTL, DefaultSessionTTL),
 		maxSessions:      or(o.maxSessions, DefaultMaxSessions),
+		cluster:          o.cluster,
 	}
 }
 
@@ -131,6 +137,8 @@ type state struct {
 	// route nothing); Destruct stops them.
 	started   atomic.Bool
 	startOnce sync.Once
+
+	cl clusterLife // the NATS membership, opened by the first decision (cluster.go)
 
 	lastEviction atomic.Pointer[evictionRecord]
 	evictedChars atomic.Int64
@@ -192,11 +200,13 @@ func (s *state) startBackground() {
 	}
 	s.startOnce.Do(func() {
 		s.started.Store(true)
+		s.reconcileCluster()
 	})
 }
 
 // Destruct stops the eviction goroutine when the last policy lets go of the state.
 func (s *state) Destruct() error {
+	s.closeCluster()
 	close(s.stop)
 	<-s.done
 	return nil
@@ -221,6 +231,7 @@ func (s *state) register(r *registration) error {
 	s.logger = r.logger
 	s.applyLocked(config.withDefaults())
 	s.mu.Unlock()
+	s.reconcileCluster()
 	return nil
 }
 
@@ -255,6 +266,7 @@ func (s *state) unregister(r *registration) {
 	s.applyLocked(config.withDefaults())
 	logger := s.logger
 	s.mu.Unlock()
+	s.reconcileCluster()
 	for _, a := range gone {
 		if chars, sessions := s.forgetUpstream(a); chars > 0 || sessions > 0 {
 			logger.Info("upstream left the config: dropped its prefixes and sessions",
