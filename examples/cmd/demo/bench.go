@@ -26,15 +26,36 @@ func (b *bench) runOnce(ctx context.Context, p policy) (*replay.Result, error) {
 	if err := b.fleet.Fresh(ctx); err != nil {
 		return nil, err
 	}
-	caddy, err := b.startCaddy(ctx, p)
-	if err != nil {
-		return nil, err
+	var (
+		url  string
+		stop func() error
+		g    *group
+	)
+	if p.Replicas > 0 {
+		var err error
+		if g, err = b.startGroup(ctx, p); err != nil {
+			return nil, err
+		}
+		url, stop = g.front.URL, g.Stop
+	} else {
+		caddy, err := b.startCaddy(ctx, p)
+		if err != nil {
+			return nil, err
+		}
+		url, stop = caddy.URL, caddy.Stop
 	}
-	opts := b.cfg.replayOptions(caddy.URL, b.fleet.CapacityBlocks(), b.fleet.BlockTokens())
+	opts := b.cfg.replayOptions(url, b.fleet.CapacityBlocks(), b.fleet.BlockTokens())
 	opts.Prompt = b.fleet.Prompt()
 	opts.Client = b.fleet.Client(max(opts.Concurrency, opts.MaxInFlight, 256))
 	res, err := replay.Run(ctx, b.workload, opts)
-	if stopErr := caddy.Stop(); err == nil && stopErr != nil {
+	if err == nil && p.Cluster {
+		if f, ferr := g.clusterFigures(); ferr == nil {
+			fmt.Printf("\n  %s\n  ", f)
+		} else {
+			fmt.Fprintln(os.Stderr, "warning: reading the cluster's counters:", ferr)
+		}
+	}
+	if stopErr := stop(); err == nil && stopErr != nil {
 		fmt.Fprintln(os.Stderr, "warning:", stopErr)
 	}
 	if err != nil {
@@ -48,9 +69,15 @@ func (b *bench) runOnce(ctx context.Context, p policy) (*replay.Result, error) {
 
 // startCaddy starts Caddy in front of the fleet with policy p.
 func (b *bench) startCaddy(ctx context.Context, p policy) (*caddyProcess, error) {
+	c, _, err := b.startCaddyPorts(ctx, p)
+	return c, err
+}
+
+// startCaddyPorts is startCaddy, also returning Caddy's admin port.
+func (b *bench) startCaddyPorts(ctx context.Context, p policy) (*caddyProcess, int, error) {
 	ports, err := freePorts(2)
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	if p.Module == "kv_cache_aware" && b.cfg.kvCapacity {
 		f := b.fleet
@@ -58,14 +85,15 @@ func (b *bench) startCaddy(ctx context.Context, p policy) (*caddyProcess, error)
 		p.Block = append(slices.Clone(p.Block), kvCapacityLines(f.Addrs(), perWorker)...)
 	}
 	s := site{AdminPort: ports[0], Port: ports[1], Upstreams: b.fleet.Addrs(), Policy: p}
-	return startCaddy(ctx, b.bin, s, b.cfg.verbose)
+	c, err := startCaddy(ctx, b.bin, s, b.cfg.verbose)
+	return c, ports[0], err
 }
 
 // compare runs every policy -repeats times and returns their results, in table order.
 func (b *bench) compare(ctx context.Context, policies []policy) ([]*policyResult, error) {
 	var out []*policyResult
 	for _, p := range policies {
-		pr := &policyResult{Policy: p.Name, Label: p.label(), Options: p.Block}
+		pr := &policyResult{Policy: p.Name, Label: p.title(), Options: p.Block}
 		for rep := range b.cfg.repeats {
 			start := time.Now()
 			fmt.Printf("%-20s run %d/%d ... ", p.Name, rep+1, b.cfg.repeats)
