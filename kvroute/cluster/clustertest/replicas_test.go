@@ -111,6 +111,7 @@ func startReplica(t *testing.T, name string, n int, bs []*backend, natsURL, secr
 	cfg := fmt.Sprintf(`{
 	admin %s
 	http_port %d
+	metrics
 	log {
 		level WARN
 	}
@@ -183,6 +184,18 @@ func (r *replica) status() status {
 		r.t.Fatalf("%s: GET /kvroute/: %v", r.name, err)
 	}
 	return st
+}
+
+// metrics returns r's Prometheus exposition.
+func (r *replica) metrics() string {
+	r.t.Helper()
+	resp, err := http.Get("http://" + r.admin + "/metrics")
+	if err != nil {
+		r.t.Fatalf("%s: GET /metrics: %v", r.name, err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return string(b)
 }
 
 // livePeers is how many peers r hears from (0 before its node runs).
@@ -384,6 +397,16 @@ func TestReplicasShareWhatTheyLearn(t *testing.T) {
 		t.Errorf("D (wrong secret) applied %d of the fleet's decisions", st.Cluster.DecisionsReceived)
 	}
 	d.stop()
+	// Prometheus shows the same.
+	metrics := a.metrics()
+	for _, want := range []string{"caddy_kvroute_cluster_peers 2", "caddy_kvroute_cluster_connected 1", `caddy_kvroute_cluster_rejected_total{reason="auth"}`, `caddy_kvroute_cluster_applied_total{kind="decision"}`} {
+		if !strings.Contains(metrics, want) {
+			t.Errorf("A's /metrics lacks %q", want)
+		}
+	}
+	if strings.Contains(metrics, `caddy_kvroute_cluster_rejected_total{reason="auth"} 0`+"\n") {
+		t.Error(`A's /metrics counts no auth rejections of D's messages`)
+	}
 
 	// NATS killed mid-run: no request fails, routing goes on what each replica knows; once NATS
 	// is back, they hear each other again and new conversations alternate as before.
