@@ -47,7 +47,25 @@ func (b *bench) runOnce(ctx context.Context, p policy) (*replay.Result, error) {
 	opts := b.cfg.replayOptions(url, b.fleet.CapacityBlocks(), b.fleet.BlockTokens())
 	opts.Prompt = b.fleet.Prompt()
 	opts.Client = b.fleet.Client(max(opts.Concurrency, opts.MaxInFlight, 256))
+	var outage <-chan error
+	if p.Outage {
+		opts.KeepRecords = true // for the hit ratio before, during and after
+		octx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		outage = g.outage(octx, b.cfg.outageAt, b.cfg.outage)
+	}
 	res, err := replay.Run(ctx, b.workload, opts)
+	if outage != nil {
+		// The outage ends within -nats-outage-at + -nats-outage, however short the replay.
+		if oerr := <-outage; oerr != nil && err == nil {
+			err = fmt.Errorf("restarting NATS: %w", oerr)
+		}
+		if err == nil {
+			w := windowHits(res.Records, b.cfg.outageAt, b.cfg.outage)
+			fmt.Printf("\n  NATS down from %v to %v: hit ratio %.3f before, %.3f while down, %.3f after\n  ",
+				b.cfg.outageAt, b.cfg.outageAt+b.cfg.outage, w[0], w[1], w[2])
+		}
+	}
 	if err == nil && p.Cluster {
 		if f, ferr := g.clusterFigures(); ferr == nil {
 			fmt.Printf("\n  %s\n  ", f)

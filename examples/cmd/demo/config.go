@@ -62,6 +62,8 @@ type config struct {
 
 	replicas   int    // -replicas: 0 off
 	natsServer string // nats-server binary for -replicas' cluster
+	outage     time.Duration
+	outageAt   time.Duration
 
 	jsonPath string
 	report   string
@@ -109,6 +111,8 @@ func parseFlags(args []string) (*config, error) {
 
 	fs.IntVar(&cfg.replicas, "replicas", 0, "run every policy behind N Caddy replicas and a front Caddy spreading requests round-robin per request; kv_cache_aware runs at 1 replica, N alone and N with cluster (needs -nats-server)")
 	fs.StringVar(&cfg.natsServer, "nats-server", "", "replicas: the nats-server binary (./xcaddy.sh demo installs it when -replicas is given)")
+	fs.DurationVar(&cfg.outage, "nats-outage", 0, "replicas: also run kv_cache_aware with the cluster's NATS stopped for this long mid-run (0: not)")
+	fs.DurationVar(&cfg.outageAt, "nats-outage-at", 3*time.Second, "replicas: when, after the replay starts, NATS is stopped")
 	fs.StringVar(&cfg.jsonPath, "json", "", "write machine-readable results to this file")
 	fs.StringVar(&cfg.report, "report", "demo-report.html", "write the HTML report to this file (empty: none)")
 	fs.StringVar(&cfg.llmdBin, "llmd-bin", "", "llmd fleet: llm-d-inference-sim binary (default: examples/llmdsim/bin/llm-d-inference-sim, built when missing)")

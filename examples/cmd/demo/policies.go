@@ -24,6 +24,7 @@ type policy struct {
 	// sharing over NATS when Cluster; Suffix tells the variants apart in the tables.
 	Replicas int
 	Cluster  bool
+	Outage   bool // -nats-outage: NATS is stopped mid-run and started again
 	Suffix   string
 }
 

@@ -14,6 +14,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/kvroute/caddy-kvroute/examples/replay"
 )
 
 // -replicas N runs every policy behind N Caddy replicas and one front Caddy that spreads the
@@ -23,8 +25,9 @@ import (
 // nats-server binary (-nats-server; ./xcaddy.sh demo installs it with go install): importing
 // it would bring its requirements into this module.
 
-// expandReplicas returns the policies as -replicas runs them.
-func expandReplicas(policies []policy, n int) []policy {
+// expandReplicas returns the policies as -replicas runs them; with outage, kv_cache_aware also
+// runs with the cluster's NATS stopped mid-run.
+func expandReplicas(policies []policy, n int, outage bool) []policy {
 	var out []policy
 	for _, p := range policies {
 		if p.Module == "kv_cache_aware" {
@@ -34,6 +37,11 @@ func expandReplicas(policies []policy, n int) []policy {
 			shared.Replicas, shared.Cluster, shared.Suffix = n, true, fmt.Sprintf(" ×%d +cluster", n)
 			one.Name, alone.Name, shared.Name = p.Name+"×1", fmt.Sprintf("%s×%d", p.Name, n), fmt.Sprintf("%s×%d+cluster", p.Name, n)
 			out = append(out, one, alone, shared)
+			if outage {
+				down := shared
+				down.Outage, down.Suffix, down.Name = true, fmt.Sprintf(" ×%d +cluster, NATS down mid-run", n), shared.Name+"+outage"
+				out = append(out, down)
+			}
 			continue
 		}
 		p.Replicas, p.Suffix, p.Name = n, fmt.Sprintf(" ×%d", n), fmt.Sprintf("%s×%d", p.Name, n)
@@ -49,6 +57,8 @@ type group struct {
 	admins   []int
 	nats     *exec.Cmd
 	natsDone chan struct{}
+	natsBin  string
+	natsPort int
 }
 
 // startGroup starts p's replicas (and NATS for a cluster), then the front.
@@ -95,12 +105,15 @@ func (g *group) startNATS(bin string) (string, error) {
 	if bin == "" {
 		return "", errors.New("-replicas with a cluster needs -nats-server (go install github.com/nats-io/nats-server/v2@v2.15.2)")
 	}
-	ports, err := freePorts(1)
-	if err != nil {
-		return "", err
+	if g.natsPort == 0 {
+		ports, err := freePorts(1)
+		if err != nil {
+			return "", err
+		}
+		g.natsBin, g.natsPort = bin, ports[0]
 	}
-	addr := "127.0.0.1:" + strconv.Itoa(ports[0])
-	g.nats = exec.Command(bin, "-a", "127.0.0.1", "-p", strconv.Itoa(ports[0]))
+	addr := "127.0.0.1:" + strconv.Itoa(g.natsPort)
+	g.nats = exec.Command(bin, "-a", "127.0.0.1", "-p", strconv.Itoa(g.natsPort))
 	g.natsDone = make(chan struct{})
 	if err := g.nats.Start(); err != nil {
 		g.nats = nil
@@ -206,14 +219,68 @@ func (g *group) Stop() error {
 	for _, r := range g.replicas {
 		errs = append(errs, r.Stop())
 	}
-	if g.nats != nil {
-		_ = g.nats.Process.Signal(os.Interrupt)
+	g.stopNATS()
+	return errors.Join(errs...)
+}
+
+// stopNATS stops the NATS server, if one runs.
+func (g *group) stopNATS() {
+	if g.nats == nil {
+		return
+	}
+	_ = g.nats.Process.Signal(os.Interrupt)
+	select {
+	case <-g.natsDone:
+	case <-time.After(5 * time.Second):
+		_ = g.nats.Process.Kill()
+		<-g.natsDone
+	}
+	g.nats = nil
+}
+
+// outage stops NATS at `at` after the replay started and starts it again, on the same port,
+// `length` later, unless ctx ends first.
+func (g *group) outage(ctx context.Context, at, length time.Duration) <-chan error {
+	done := make(chan error, 1)
+	go func() {
+		defer close(done)
 		select {
-		case <-g.natsDone:
-		case <-time.After(5 * time.Second):
-			_ = g.nats.Process.Kill()
-			<-g.natsDone
+		case <-ctx.Done():
+			return
+		case <-time.After(at):
+		}
+		g.stopNATS()
+		select {
+		case <-ctx.Done():
+		case <-time.After(length):
+		}
+		if _, err := g.startNATS(g.natsBin); err != nil {
+			done <- err
+		}
+	}()
+	return done
+}
+
+// windowHits returns the hit ratio of the requests sent before at, during the outage, and
+// after it.
+func windowHits(recs []replay.Record, at, length time.Duration) [3]float64 {
+	var cached, prompt [3]float64
+	a, b := float64(at.Milliseconds()), float64((at + length).Milliseconds())
+	for _, r := range recs {
+		w := 0
+		if r.StartMs >= b {
+			w = 2
+		} else if r.StartMs >= a {
+			w = 1
+		}
+		cached[w] += float64(r.CachedTokens)
+		prompt[w] += float64(r.PromptTokens)
+	}
+	var out [3]float64
+	for i := range out {
+		if prompt[i] > 0 {
+			out[i] = cached[i] / prompt[i]
 		}
 	}
-	return errors.Join(errs...)
+	return out
 }

@@ -6,7 +6,7 @@ import (
 )
 
 func TestExpandReplicas(t *testing.T) {
-	got := expandReplicas(allPolicies(nil)[:4], 3)
+	got := expandReplicas(allPolicies(nil)[:4], 3, false)
 	var titles []string
 	for _, p := range got {
 		titles = append(titles, p.title())
