@@ -66,7 +66,7 @@ func (b *bench) runOnce(ctx context.Context, p policy) (*replay.Result, error) {
 				b.cfg.outageAt, b.cfg.outageAt+b.cfg.outage, w[0], w[1], w[2])
 		}
 	}
-	if err == nil && p.Cluster {
+	if err == nil && p.Replicas > 0 && p.Module == "kv_cache_aware" {
 		if f, ferr := g.clusterFigures(); ferr == nil {
 			fmt.Printf("\n  %s\n  ", f)
 		} else {

@@ -139,19 +139,20 @@ func (g *group) startNATS(bin string) (string, error) {
 
 // clusterFigures are the replicas' cluster counters added up, read before they stop.
 type clusterFigures struct {
-	Decisions     uint64  `json:"decisions"` // decisions the replicas made
-	SentBytes     uint64  `json:"sent_bytes"`
-	Sent          uint64  `json:"sent_messages"`
-	TextBytes     uint64  `json:"text_bytes"`
-	WireTextBytes uint64  `json:"wire_text_bytes"`
-	Dropped       uint64  `json:"dropped"`
-	Rejected      uint64  `json:"rejected"`
-	BytesPerDec   float64 `json:"bytes_per_decision"`
+	Decisions     uint64            `json:"decisions"` // decisions the replicas made
+	Paths         map[string]uint64 `json:"paths"`     // by decision path
+	SentBytes     uint64            `json:"sent_bytes"`
+	Sent          uint64            `json:"sent_messages"`
+	TextBytes     uint64            `json:"text_bytes"`
+	WireTextBytes uint64            `json:"wire_text_bytes"`
+	Dropped       uint64            `json:"dropped"`
+	Rejected      uint64            `json:"rejected"`
+	BytesPerDec   float64           `json:"bytes_per_decision"`
 }
 
 // clusterFigures reads every replica's GET /kvroute/.
 func (g *group) clusterFigures() (clusterFigures, error) {
-	var f clusterFigures
+	f := clusterFigures{Paths: map[string]uint64{}}
 	for _, port := range g.admins {
 		resp, err := http.Get(fmt.Sprintf("http://localhost:%d/kvroute/", port))
 		if err != nil {
@@ -182,8 +183,9 @@ func (g *group) clusterFigures() (clusterFigures, error) {
 			return f, fmt.Errorf("GET /kvroute/: %w", err)
 		}
 		for _, u := range st.Upstreams {
-			for _, n := range u.Decisions {
+			for path, n := range u.Decisions {
 				f.Decisions += n
+				f.Paths[path] += n
 			}
 		}
 		if c := st.Cluster; c != nil {
@@ -206,8 +208,13 @@ func (f clusterFigures) String() string {
 	if f.WireTextBytes > 0 {
 		ratio = float64(f.TextBytes) / float64(f.WireTextBytes)
 	}
-	return fmt.Sprintf("cluster: %d decisions, %d messages, %.0f bytes published per decision (text compressed %.1f×), %d dropped, %d rejected",
-		f.Decisions, f.Sent, f.BytesPerDec, ratio, f.Dropped, f.Rejected)
+	if f.Sent == 0 {
+		return fmt.Sprintf("replicas: %d decisions (session %d, prefix_hit %d, imbalance %d, fallback %d)",
+			f.Decisions, f.Paths["session"], f.Paths["prefix_hit"], f.Paths["imbalance"], f.Paths["fallback"])
+	}
+	return fmt.Sprintf("cluster: %d decisions (session %d, prefix_hit %d, imbalance %d, fallback %d), %d messages, %.0f bytes published per decision (text compressed %.1f×), %d dropped, %d rejected",
+		f.Decisions, f.Paths["session"], f.Paths["prefix_hit"], f.Paths["imbalance"], f.Paths["fallback"],
+		f.Sent, f.BytesPerDec, ratio, f.Dropped, f.Rejected)
 }
 
 // Stop stops the front, the replicas and NATS.
