@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/url"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -298,9 +299,23 @@ func (h clusterHandler) Reset() {
 	h.s.reset()
 }
 
-// describeCluster is how a conflicting cluster option is named in an error: never the secret.
+// describeCluster is how a conflicting cluster option is named in an error: never the secret,
+// nor credentials given in a URL.
 func describeCluster(c *cluster.Config) string {
-	return fmt.Sprintf("{urls %v name %q}", c.URLs, c.Name)
+	urls := make([]string, len(c.URLs))
+	for i, raw := range c.URLs {
+		u, err := url.Parse(raw)
+		switch {
+		case err != nil:
+			urls[i] = "(unparsable)"
+		case u.User != nil:
+			u.User = url.User("redacted")
+			urls[i] = u.String()
+		default:
+			urls[i] = raw
+		}
+	}
+	return fmt.Sprintf("{urls %v name %q}", urls, c.Name)
 }
 
 var _ cluster.Handler = clusterHandler{}

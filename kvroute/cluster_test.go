@@ -114,14 +114,19 @@ func TestClusterMustAgreeWithinConfig(t *testing.T) {
 		t.Fatalf("a policy leaving cluster out refused: %v", err)
 	}
 	defer b.Cleanup()
-	c := &KVCacheAware{Cluster: &ClusterConfig{URLs: []string{url}, Name: "f", Secret: testClusterSecret + "x"}}
-	err := c.Provision(ctx)
-	if err == nil {
-		_ = c.Cleanup()
-		t.Fatal("two policies of one config with different cluster secrets were accepted")
-	}
-	if !strings.HasPrefix(err.Error(), "cluster: ") || strings.Contains(err.Error(), testClusterSecret) {
-		t.Errorf("error %q must name the option and not show the secret", err)
+	for _, other := range []*ClusterConfig{
+		{URLs: []string{url}, Name: "f", Secret: testClusterSecret + "x"},
+		{URLs: []string{"nats://kvroute:hunter2-password@127.0.0.1:4222"}, Name: "f", Secret: testClusterSecret},
+	} {
+		c := &KVCacheAware{Cluster: other}
+		err := c.Provision(ctx)
+		if err == nil {
+			_ = c.Cleanup()
+			t.Fatalf("two policies of one config with different clusters were accepted: %+v", other)
+		}
+		if !strings.HasPrefix(err.Error(), "cluster: ") || strings.Contains(err.Error(), testClusterSecret) || strings.Contains(err.Error(), "hunter2") {
+			t.Errorf("error %q must name the option and show neither the secret nor a URL's password", err)
+		}
 	}
 }
 
