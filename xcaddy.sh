@@ -4,6 +4,7 @@
 #   ./xcaddy.sh build   build ./caddy with the plugin (and nothing else)
 #   ./xcaddy.sh demo    build Caddy (plugin + benchmark-only peer policies), start a simulated
 #                       LLM fleet, replay a workload once per policy and print the comparison
+#                       (-replicas 3: behind 3 replicas and a front; installs nats-server)
 #   ./xcaddy.sh test    run the test suite (unit, caddytest integration, and the built binary)
 #   ./xcaddy.sh fuzz [DURATION]   fuzz every target for DURATION each (default 1m)
 #   ./xcaddy.sh bench [REGEX]     Go benchmarks, -count 10, summarised by benchstat
@@ -16,6 +17,7 @@ MOD=github.com/kvroute/caddy-kvroute
 PSEUDO=v0.0.0-00010101000000-000000000000
 XCADDY_VERSION=${XCADDY_VERSION:-v0.4.5}
 CADDY_VERSION=${CADDY_VERSION:-v2.11.9}
+NATS_SERVER_VERSION=${NATS_SERVER_VERSION:-v2.15.2}
 GOBIN=$(go env GOPATH)/bin
 export PATH="$GOBIN:$PATH"
 
@@ -96,7 +98,19 @@ demo)
 		build
 		CADDY_BIN="$ROOT/caddy"
 	fi
-	go run ./examples/cmd/demo -caddy "$CADDY_BIN" "$@"
+	extra=()
+	for a in "$@"; do
+		if [[ $a == -replicas* || $a == --replicas* ]]; then
+			# The replicas' cluster needs a NATS server: the binary, since importing
+			# nats-server would put its requirements into the demo's module.
+			if ! command -v nats-server >/dev/null 2>&1; then
+				echo "installing nats-server $NATS_SERVER_VERSION" >&2
+				go install "github.com/nats-io/nats-server/v2@$NATS_SERVER_VERSION"
+			fi
+			extra=(-nats-server "$(command -v nats-server)")
+		fi
+	done
+	go run ./examples/cmd/demo -caddy "$CADDY_BIN" "${extra[@]}" "$@"
 	;;
 test)
 	build

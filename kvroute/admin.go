@@ -54,7 +54,7 @@ func (a Admin) serve(w http.ResponseWriter, r *http.Request) error {
 			return apiError(http.StatusMethodNotAllowed, "method %s not allowed; use POST", r.Method)
 		}
 		if s := currentState(); s != nil {
-			s.reset()
+			s.adminReset() // and on every peer, with a cluster
 		}
 		return writeJSON(w, http.StatusOK, map[string]any{"reset": true})
 	case strings.HasPrefix(rest, "/sessions/"):
@@ -67,10 +67,16 @@ func (a Admin) serve(w http.ResponseWriter, r *http.Request) error {
 			return apiError(http.StatusBadRequest, "bad session id")
 		}
 		s := currentState()
-		if s == nil || !s.forgetSession(boundKey(id, maxSessionLen)) {
+		if s == nil {
 			return apiError(http.StatusNotFound, "no binding for that session")
 		}
-		return writeJSON(w, http.StatusOK, map[string]any{"forgotten": true})
+		// With a cluster the forget goes to every peer, which may hold a binding this replica
+		// never saw: it is not a 404 then.
+		found, published := s.adminForget(boundKey(id, maxSessionLen))
+		if !found && !published {
+			return apiError(http.StatusNotFound, "no binding for that session")
+		}
+		return writeJSON(w, http.StatusOK, map[string]any{"forgotten": found, "published": published})
 	default:
 		return apiError(http.StatusNotFound, "no such endpoint; see GET /kvroute/")
 	}

@@ -32,6 +32,12 @@ import (
 //			interval 1s
 //			timeout  500ms
 //		}
+//		cluster nats://10.0.0.9:4222 [<url>...] {   # off unless given; process-wide
+//			name   fleet-a                          # required: replicas of one fleet share it
+//			secret {env.KVROUTE_CLUSTER_SECRET}     # required, >= 16 bytes
+//			creds  /etc/nats/kvroute.creds          # optional
+//			tls_ca /etc/nats/ca.pem                 # optional, for tls:// URLs
+//		}
 //		upstream 10.0.0.1:8000 {
 //			accelerator              gpu    # gpu | cpu | tpu | npu | other
 //			models                   llama-3.1-8b qwen*
@@ -148,6 +154,8 @@ func (p *KVCacheAware) unmarshalOption(d *caddyfile.Dispenser, opt string) error
 		p.Fallback, err = kvcf.StringArg(d)
 	case "telemetry":
 		err = p.unmarshalTelemetry(d)
+	case "cluster":
+		p.Cluster, err = parseCluster(d)
 	case "upstream":
 		addr, prof, perr := kvcf.ParseUpstream(d)
 		if perr != nil {

@@ -16,5 +16,5 @@ package kvroute
 // per reading (telemetry.go: observe) and counts until the reading is readingLifetime
 // intervals old. now is in unix nanoseconds.
 func (s *state) load(u *upstreamState, numRequests int, now int64) int64 {
-	return max(u.inFlight.Load(), int64(numRequests)) + u.externalLoad(now)
+	return max(u.inFlight.Load(), int64(numRequests)) + s.peersInFlight(u.addr) + u.externalLoad(now)
 }

@@ -20,6 +20,7 @@ type kvMetrics struct {
 	joulesSaved   prometheus.Counter
 	decisionsVec  *prometheus.CounterVec
 	gauges        stateCollector
+	cluster       clusterCollector
 }
 
 const ns, sub = "caddy", "kvroute"
@@ -57,7 +58,7 @@ func registerMetrics(reg *prometheus.Registry) {
 	}
 	for _, c := range []prometheus.Collector{
 		metrics.decisionsVec, metrics.matchRatio, metrics.tokensAvoided, metrics.joulesSaved,
-		&metrics.gauges,
+		&metrics.gauges, &metrics.cluster,
 	} {
 		if err := reg.Register(c); err != nil {
 			var are prometheus.AlreadyRegisteredError

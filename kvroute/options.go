@@ -12,6 +12,7 @@ import (
 	"golang.org/x/net/http/httpguts"
 
 	"github.com/kvroute/caddy-kvroute/energy"
+	"github.com/kvroute/caddy-kvroute/kvroute/cluster"
 )
 
 // Defaults of the policy's and the matcher's options: the one place where they are defined.
@@ -62,6 +63,8 @@ type settings struct {
 	resolved         bool           // placeholders in the secret were replaced (Provision)
 	secretErr        error          // a placeholder of the secret did not resolve
 	telemetry        telemetrySettings
+	cluster          *cluster.Config // nil: no cluster; the secret resolved like the cookie's
+	clusterSecretSet bool
 }
 
 // settings resolves p's options. With resolve, placeholders in the cookie secret are replaced
@@ -90,6 +93,10 @@ func (p *KVCacheAware) settings(resolve bool) settings {
 			// must not sign cookies with the config's own text, or with nothing.
 			s.cookie.Secret, s.secretErr = caddy.NewReplacer().ReplaceOrErr(c.Secret, true, true)
 		}
+	}
+	if c := p.Cluster; c != nil {
+		cfg := c.config(resolve)
+		s.cluster, s.clusterSecretSet = &cfg, c.Secret != ""
 	}
 	return s
 }
@@ -192,6 +199,7 @@ var optionChecks = []struct {
 		return err
 	}},
 	{"telemetry", func(s *settings) error { return checkTelemetry(s.telemetry) }},
+	{"cluster", func(s *settings) error { return checkCluster(s.cluster, s.clusterSecretSet) }},
 }
 
 // check runs the check of the option named name.

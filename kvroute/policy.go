@@ -63,6 +63,8 @@ type KVCacheAware struct {
 	// Accelerator and energy metadata of upstreams, keyed by dial address (host:port, as in the
 	// reverse_proxy's upstream list). Absent fields are unknown.
 	Upstreams map[string]energy.Profile `json:"upstreams,omitempty"`
+	// Replicas sharing what they learn over NATS; off unless set. Process-wide.
+	Cluster *ClusterConfig `json:"cluster,omitempty"`
 
 	opts     settings
 	inBand   bool // on_imbalance prefix_in_band
@@ -139,6 +141,7 @@ func (p *KVCacheAware) Provision(ctx caddy.Context) error {
 			maxTreeSize:      p.MaxTreeSize,
 			sessionTTL:       time.Duration(p.SessionTTL),
 			maxSessions:      p.MaxSessions,
+			cluster:          p.opts.cluster,
 		},
 	}
 	if err := st.register(p.reg); err != nil {

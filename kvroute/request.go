@@ -162,6 +162,7 @@ func (lr *llmRequest) track(r *http.Request, u *upstreamState) {
 	} else {
 		context.AfterFunc(r.Context(), lr.untrack)
 	}
+	loadChanged()
 	if r.Context().Err() != nil {
 		lr.untrack() // the request ended while it was being placed
 	}
@@ -172,5 +173,6 @@ func (lr *llmRequest) untrack() {
 	if u := lr.pick.Swap(nil); u != nil {
 		u.inFlight.Add(-1)
 		u.queuedTokens.Add(-lr.promptTokens())
+		loadChanged()
 	}
 }

@@ -190,6 +190,7 @@ func (b band) holds(load int64) bool {
 // sessionStep is what the session step found.
 type sessionStep struct {
 	id     string // "" when the request has no session
+	key    string // what the stores bind it under (state.sessionKey: a digest with a cluster)
 	source sessionSource
 	keep   bool // the binding stays as it is (its upstream was skipped for this request)
 	chosen int  // the candidate the session goes to, or -1
@@ -212,15 +213,16 @@ func (p *KVCacheAware) session(r *http.Request, req *llmRequest, pool reversepro
 	if s.id == "" {
 		return s
 	}
+	s.key = p.state.sessionKey(s.id)
 	store := p.state.sessions
 	if s.source == issued {
 		store = p.state.pending
 	}
-	addr, ok := store.get(req.Model, s.id, time.Now())
+	addr, ok := store.get(req.Model, s.key, time.Now())
 	if !ok && s.source == fromCookie {
 		// The client presents an id issued earlier: its first binding waits in pending.
 		store = p.state.pending
-		addr, ok = store.get(req.Model, s.id, time.Now())
+		addr, ok = store.get(req.Model, s.key, time.Now())
 	}
 	if !ok {
 		return s
@@ -241,7 +243,7 @@ func (p *KVCacheAware) session(r *http.Request, req *llmRequest, pool reversepro
 		// An earlier attempt of this request failed there: the session moves to where this
 		// attempt goes (its latest turn will be cached there).
 	default:
-		store.forgetBinding(req.Model, s.id)
+		store.forgetBinding(req.Model, s.key)
 	}
 	return s
 }
@@ -367,19 +369,24 @@ func (p *KVCacheAware) commit(r *http.Request, w http.ResponseWriter, req *llmRe
 	if req.Text != "" {
 		p.state.forest.Tree(treeName).Insert(req.Text, c.up.Dial)
 	}
+	bindKey := ""
 	switch {
 	case sess.source == issued:
 		if w != nil && !req.cookieSet {
 			p.cookie.set(w, r, sess.id)
 			req.cookieSet = true
 		}
-		p.state.pending.bind(req.Model, sess.id, c.up.Dial, now)
+		p.state.pending.bind(req.Model, sess.key, c.up.Dial, now)
 	case sess.id != "" && !sess.keep:
-		p.state.sessions.bind(req.Model, sess.id, c.up.Dial, now)
+		p.state.sessions.bind(req.Model, sess.key, c.up.Dial, now)
 		if sess.source == fromCookie {
-			p.state.pending.forgetBinding(req.Model, sess.id)
+			p.state.pending.forgetBinding(req.Model, sess.key)
 		}
+		bindKey = sess.key
 	}
+	// Peers learn what this replica just learned (pending cookie ids stay local: a client
+	// that keeps no cookies must not fill every replica's store).
+	p.state.share(req.Model, c.up.Dial, req.Text, bindKey)
 	req.track(r, c.st)
 	req.attempt.Store(c.st)
 	if len(req.tried) == 0 {
@@ -399,9 +406,7 @@ func (p *KVCacheAware) commit(r *http.Request, w http.ResponseWriter, req *llmRe
 // recently used trees go so that at most maxTrees remain, and junk names age out instead of
 // sending every later model to one shared tree.
 func (p *KVCacheAware) treeName(model string) string {
-	if f := p.state.forest; f.Get(model) == nil && f.Len() >= maxTrees {
-		f.MakeRoom(maxTrees)
-	}
+	p.state.makeRoomFor(model)
 	return model
 }
 

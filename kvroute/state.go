@@ -13,6 +13,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/kvroute/caddy-kvroute/energy"
+	"github.com/kvroute/caddy-kvroute/kvroute/cluster"
 	"github.com/kvroute/caddy-kvroute/tree"
 )
 
@@ -76,6 +77,7 @@ type processOptions struct {
 	maxSessions      int
 	telemetry        telemetrySettings
 	telemetryGiven   bool
+	cluster          *cluster.Config // nil: left out (no cluster)
 }
 
 // merge fills o's unset options from q, and reports the first option both set differently.
@@ -94,6 +96,8 @@ func (o *processOptions) merge(q processOptions) error {
 		return conflict("max_sessions", o.maxSessions, q.maxSessions)
 	case o.telemetryGiven && q.telemetryGiven && o.telemetry != q.telemetry:
 		return conflict("telemetry", o.telemetry, q.telemetry)
+	case o.cluster != nil && q.cluster != nil && !o.cluster.Equal(*q.cluster):
+		return conflict("cluster", describeCluster(o.cluster), describeCluster(q.cluster)+" (or another secret, creds or tls_ca)")
 	}
 	if !o.telemetryGiven {
 		o.telemetry, o.telemetryGiven = q.telemetry, q.telemetryGiven
@@ -102,6 +106,7 @@ func (o *processOptions) merge(q processOptions) error {
 	o.maxTreeSize = or(o.maxTreeSize, q.maxTreeSize)
 	o.sessionTTL = or(o.sessionTTL, q.sessionTTL)
 	o.maxSessions = or(o.maxSessions, q.maxSessions)
+	o.cluster = or(o.cluster, q.cluster)
 	return nil
 }
 
@@ -113,6 +118,7 @@ func (o processOptions) withDefaults() processOptions {
 		maxSessions:      or(o.maxSessions, DefaultMaxSessions),
 		telemetry:        o.telemetrySettings(),
 		telemetryGiven:   true,
+		cluster:          o.cluster,
 	}
 }
 
@@ -162,6 +168,8 @@ type state struct {
 	bg       sync.WaitGroup
 	bgMu     sync.Mutex
 	bgClosed bool
+
+	cl clusterLife // the NATS membership, opened by the first decision (cluster.go)
 
 	lastEviction atomic.Pointer[evictionRecord]
 	evictedChars atomic.Int64
@@ -223,6 +231,8 @@ func (s *state) ready() {
 		s.mu.Lock()
 		s.applyNewestLocked()
 		s.mu.Unlock()
+		s.syncTelemetry() // both do nothing before the first decision starts them below
+		s.reconcileCluster()
 	}
 	if s.started.Load() {
 		return
@@ -230,12 +240,14 @@ func (s *state) ready() {
 	s.startOnce.Do(func() {
 		s.started.Store(true)
 		s.syncTelemetry()
+		s.reconcileCluster()
 	})
 }
 
 // Destruct stops the eviction goroutine, the telemetry readers and the health probes when the
 // last policy lets go of the state.
 func (s *state) Destruct() error {
+	s.closeCluster()
 	close(s.stop)
 	<-s.done
 	s.stopTelemetry()
@@ -264,6 +276,7 @@ func (s *state) register(r *registration) error {
 	s.dirty.Store(true)
 	s.mu.Unlock()
 	s.syncTelemetry()
+	s.reconcileCluster()
 	return nil
 }
 
@@ -292,6 +305,7 @@ func (s *state) unregister(r *registration) {
 	logger := s.logger
 	s.mu.Unlock()
 	s.syncTelemetry()
+	s.reconcileCluster()
 	for _, a := range gone {
 		if chars, sessions := s.forgetUpstream(a); chars > 0 || sessions > 0 {
 			logger.Info("upstream left the config: dropped its prefixes and sessions",

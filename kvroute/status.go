@@ -4,6 +4,7 @@ import (
 	"time"
 
 	"github.com/kvroute/caddy-kvroute/energy"
+	"github.com/kvroute/caddy-kvroute/kvroute/cluster"
 )
 
 // Status is the JSON answer of GET /kvroute/.
@@ -18,6 +19,7 @@ type Status struct {
 	Evictions       int64                     `json:"evictions"`
 	EvictedChars    int64                     `json:"evicted_chars"`
 	LastEviction    *evictionRecord           `json:"last_eviction,omitempty"`
+	Cluster         *cluster.Stats            `json:"cluster,omitempty"` // with the cluster option, once running
 }
 
 // ModelStatus is one model's tree.
@@ -51,6 +53,7 @@ func (s *state) status() Status {
 	st.StoredChars = s.forest.Chars()
 	st.Sessions = s.sessions.len()
 	st.PendingSessions = s.pending.len()
+	st.Cluster = s.clusterStats()
 	st.Evictions = s.evictions.Load()
 	st.EvictedChars = s.evictedChars.Load()
 	st.LastEviction = s.lastEviction.Load()

@@ -415,7 +415,8 @@ func (s *state) observe(interval time.Duration, _, cur *telemetry.Snapshot) {
 			// ended in that moment make the engine's figure look larger than what this router
 			// sent, a spike of one reading. Traffic from elsewhere lasts, so what counts is the
 			// smaller of the last two fresh readings (an interval later than one reading would).
-			raw := max(0, r.Running+r.Waiting-u.inFlight.Load())
+			// Peers' requests (cluster) are theirs, not external: subtract them too.
+			raw := max(0, r.Running+r.Waiting-u.inFlight.Load()-s.peersInFlight(cur.Key))
 			ext := int64(0)
 			if prev := u.engine.Load(); prev != nil && r.At.UnixNano() <= prev.until {
 				ext = min(raw, prev.raw)

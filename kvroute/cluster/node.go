@@ -64,6 +64,7 @@ type Node struct {
 	syncJobs    chan syncJob
 	served      map[uint64]uint64 // requester → last seq served to it; syncServer only
 	asked       bool              // a catch-up request went out; flusher only
+	lostEarly   atomic.Bool       // a message was dropped before the first connection attempt
 
 	nc atomic.Pointer[nats.Conn]
 

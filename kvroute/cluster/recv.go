@@ -28,7 +28,8 @@ type peer struct {
 	loadsAt   time.Time
 	// synced: this node holds the peer's history up to maxSeq, so a catch-up request asks only
 	// for what follows. True once the peer answered a catch-up request of this node, or sent
-	// its first one (it had just started, so all it publishes later arrives live). A live
+	// its first one (it had just started, so all it publishes later arrives live) without
+	// having lost anything before its first connection (then this node asks it). A live
 	// message, or a peer's request after a reconnect, says nothing of what it published
 	// before this node heard it.
 	synced   bool
@@ -232,7 +233,15 @@ func (n *Node) apply(p *peer, kind byte, h header, r *record, now time.Time, top
 		p.loads, p.loadsAt = loads, now
 		n.rebuildLoads(now)
 	case recSyncReq:
-		if r.first {
+		switch {
+		case r.lost:
+			// It decided before its first connection was up and could not publish that: its
+			// log has it, and its answer to this node's request will mark it synced.
+			select {
+			case n.syncKick <- struct{}{}:
+			default:
+			}
+		case r.first:
 			p.synced = true
 		}
 		since := uint64(0)

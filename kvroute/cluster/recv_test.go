@@ -264,3 +264,22 @@ func TestSessionKey(t *testing.T) {
 		t.Errorf("SessionKey allocates %v times, want 1 (its result)", a)
 	}
 }
+
+// TestFirstRequestAfterLoss: a peer whose first request says it lost what it published before
+// its first connection is asked for its log, not taken as holding nothing from before.
+func TestFirstRequestAfterLoss(t *testing.T) {
+	n, _ := newTestNode(t, testConfig())
+	fresh, _ := newTestNode(t, testConfig())
+	n.receive(kindSyncReq, sealAs(fresh, kindSyncReq, appendSyncRequest(nil, true, true, nil)))
+	if s := n.seen(); len(s) != 0 {
+		t.Errorf("a peer that lost its first messages counts as synced: %v", s)
+	}
+	select {
+	case <-n.syncKick:
+	default:
+		t.Error("no catch-up request of its own after a peer's first request with losses")
+	}
+	if j := <-n.syncJobs; j.to != fresh.id || j.since != 0 {
+		t.Errorf("sync job %+v: the peer's request must still be answered", j)
+	}
+}

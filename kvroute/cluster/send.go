@@ -83,8 +83,9 @@ func (p *packer) send(seq uint64, plain []byte) {
 	nc := p.n.nc.Load()
 	if nc == nil {
 		// Not even a first connection attempt yet: what the peers miss, they get from the
-		// catch-up log when this node connects.
+		// catch-up log when this node connects (its first request tells them to ask).
 		p.n.st.droppedPublish.Add(1)
+		p.n.lostEarly.Store(true)
 		return
 	}
 	p.out = seal(p.out[:0], p.n.aead, header{kind: p.kind, sender: p.n.id, seq: seq, nanos: time.Now().UnixNano(), to: p.to}, plain)
@@ -263,7 +264,7 @@ func (n *Node) sendSyncRequest() bool {
 		return false
 	}
 	p := n.newPacker(kindSyncReq, n.prefix+"sync")
-	p.add(appendSyncReq(nil, !n.asked, n.seen()))
+	p.add(appendSyncRequest(nil, !n.asked, !n.asked && n.lostEarly.Load(), n.seen()))
 	n.asked = true
 	p.flush()
 	n.st.syncRequests.Add(1)

@@ -273,6 +273,7 @@ type record struct {
 	loads      []peerCount
 	seen       []seenSeq
 	first      bool
+	lost       bool // sync request: the requester dropped what it published before connecting
 	frag       fragment
 }
 
@@ -327,9 +328,19 @@ func appendLoad(b []byte, loads []peerCount) []byte {
 // appendSyncReq: first says the requester has just started, so peers know they will hear all
 // it publishes from now on.
 func appendSyncReq(b []byte, first bool, seen []seenSeq) []byte {
+	return appendSyncRequest(b, first, false, seen)
+}
+
+// appendSyncRequest is appendSyncReq with lost: the requester has just started and dropped what
+// it published before its first connection was up, so peers should ask it for its log (a
+// receiver that predates the flag ignores it).
+func appendSyncRequest(b []byte, first, lost bool, seen []seenSeq) []byte {
 	flags := byte(0)
 	if first {
 		flags = 1
+	}
+	if lost {
+		flags |= 2
 	}
 	b = append(b, recSyncReq, flags)
 	b = binary.AppendUvarint(b, uint64(len(seen)))
@@ -395,7 +406,8 @@ func decodeRecords(plain []byte, maxText int, fn func(*record)) error {
 				rec.loads = append(rec.loads, peerCount{u, c})
 			}
 		case recSyncReq:
-			rec.first = r.byte()&1 != 0
+			flags := r.byte()
+			rec.first, rec.lost = flags&1 != 0, flags&2 != 0
 			n := r.uvarint()
 			// Each entry takes 16 bytes, so a count larger than what is left is a lie.
 			if r.err == nil && n > uint64(len(r.b)/16) {

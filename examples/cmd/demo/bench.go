@@ -26,20 +26,59 @@ func (b *bench) runOnce(ctx context.Context, p policy) (*replay.Result, error) {
 	if err := b.fleet.Fresh(ctx); err != nil {
 		return nil, err
 	}
-	caddy, err := b.startCaddy(ctx, p)
-	if err != nil {
-		return nil, err
+	var (
+		url  string
+		stop func() error
+		g    *group
+	)
+	if p.Replicas > 0 {
+		var err error
+		if g, err = b.startGroup(ctx, p); err != nil {
+			return nil, err
+		}
+		url, stop = g.front.URL, g.Stop
+	} else {
+		caddy, err := b.startCaddy(ctx, p)
+		if err != nil {
+			return nil, err
+		}
+		url, stop = caddy.URL, caddy.Stop
 	}
-	opts := b.cfg.replayOptions(caddy.URL, b.fleet.CapacityBlocks(), b.fleet.BlockTokens())
+	opts := b.cfg.replayOptions(url, b.fleet.CapacityBlocks(), b.fleet.BlockTokens())
 	opts.Prompt = b.fleet.Prompt()
 	opts.Client = b.fleet.Client(max(opts.Concurrency, opts.MaxInFlight, 256))
+	var outage <-chan error
+	if p.Outage {
+		opts.KeepRecords = true // for the hit ratio before, during and after
+		octx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		outage = g.outage(octx, b.cfg.outageAt, b.cfg.outage)
+	}
 	side := startSideLoad(ctx, b.fleet.Addrs()[0], b.cfg.sideLoad)
 	res, err := replay.Run(ctx, b.workload, opts)
 	side.stop()
 	if b.cfg.sideLoad > 0 {
 		fmt.Printf("(side load on %s: %d requests, %d failed) ", b.fleet.Addrs()[0], side.sent.Load(), side.failed.Load())
 	}
-	if stopErr := caddy.Stop(); err == nil && stopErr != nil {
+	if outage != nil {
+		// The outage ends within -nats-outage-at + -nats-outage, however short the replay.
+		if oerr := <-outage; oerr != nil && err == nil {
+			err = fmt.Errorf("restarting NATS: %w", oerr)
+		}
+		if err == nil {
+			w := windowHits(res.Records, b.cfg.outageAt, b.cfg.outage)
+			fmt.Printf("\n  NATS down from %v to %v: hit ratio %.3f before, %.3f while down, %.3f after\n  ",
+				b.cfg.outageAt, b.cfg.outageAt+b.cfg.outage, w[0], w[1], w[2])
+		}
+	}
+	if err == nil && p.Replicas > 0 && p.Module == "kv_cache_aware" {
+		if f, ferr := g.clusterFigures(); ferr == nil {
+			fmt.Printf("\n  %s\n  ", f)
+		} else {
+			fmt.Fprintln(os.Stderr, "warning: reading the cluster's counters:", ferr)
+		}
+	}
+	if stopErr := stop(); err == nil && stopErr != nil {
 		fmt.Fprintln(os.Stderr, "warning:", stopErr)
 	}
 	if err != nil {
@@ -53,9 +92,15 @@ func (b *bench) runOnce(ctx context.Context, p policy) (*replay.Result, error) {
 
 // startCaddy starts Caddy in front of the fleet with policy p.
 func (b *bench) startCaddy(ctx context.Context, p policy) (*caddyProcess, error) {
+	c, _, err := b.startCaddyPorts(ctx, p)
+	return c, err
+}
+
+// startCaddyPorts is startCaddy, also returning Caddy's admin port.
+func (b *bench) startCaddyPorts(ctx context.Context, p policy) (*caddyProcess, int, error) {
 	ports, err := freePorts(2)
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	if p.Module == "kv_cache_aware" && b.cfg.kvCapacity {
 		f := b.fleet
@@ -63,14 +108,15 @@ func (b *bench) startCaddy(ctx context.Context, p policy) (*caddyProcess, error)
 		p.Block = append(slices.Clone(p.Block), kvCapacityLines(f.Addrs(), perWorker)...)
 	}
 	s := site{AdminPort: ports[0], Port: ports[1], Upstreams: b.fleet.Addrs(), Policy: p}
-	return startCaddy(ctx, b.bin, s, b.cfg.verbose)
+	c, err := startCaddy(ctx, b.bin, s, b.cfg.verbose)
+	return c, ports[0], err
 }
 
 // compare runs every policy -repeats times and returns their results, in table order.
 func (b *bench) compare(ctx context.Context, policies []policy) ([]*policyResult, error) {
 	var out []*policyResult
 	for _, p := range policies {
-		pr := &policyResult{Policy: p.Name, Label: p.label(), Options: p.Block}
+		pr := &policyResult{Policy: p.Name, Label: p.title(), Options: p.Block}
 		for rep := range b.cfg.repeats {
 			start := time.Now()
 			fmt.Printf("%-20s run %d/%d ... ", p.Name, rep+1, b.cfg.repeats)

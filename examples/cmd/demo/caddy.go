@@ -53,6 +53,8 @@ type site struct {
 	// overhead baseline); otherwise requests the matcher matches take the policy and the
 	// others (/health, /v1/models) a plain reverse_proxy.
 	NoMatcher bool
+	// Front is the -replicas front: it leaves the worker header as the replica set it.
+	Front bool
 }
 
 // workerHeader is the response header that names the upstream that served a request. Caddy
@@ -83,7 +85,9 @@ func (s site) caddyfile() string {
 		b.WriteString("\t\t}")
 	}
 	b.WriteString("\n")
-	fmt.Fprintf(&b, "\t\theader_down %s {http.reverse_proxy.upstream.hostport}\n", workerHeader)
+	if !s.Front {
+		fmt.Fprintf(&b, "\t\theader_down %s {http.reverse_proxy.upstream.hostport}\n", workerHeader)
+	}
 	b.WriteString("\t}\n")
 	if !s.NoMatcher {
 		fmt.Fprintf(&b, "\treverse_proxy %s\n", ups)

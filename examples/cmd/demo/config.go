@@ -62,6 +62,11 @@ type config struct {
 	overheadDuration time.Duration
 	overheadRounds   int
 
+	replicas   int    // -replicas: 0 off
+	natsServer string // nats-server binary for -replicas' cluster
+	outage     time.Duration
+	outageAt   time.Duration
+
 	jsonPath string
 	report   string
 	llmdBin  string
@@ -108,6 +113,10 @@ func parseFlags(args []string) (*config, error) {
 	fs.DurationVar(&cfg.overheadDuration, "overhead-duration", 2*time.Second, "overhead: measuring time per policy per round")
 	fs.IntVar(&cfg.overheadRounds, "overhead-rounds", 6, "overhead: rounds, alternating the policies' order to cancel drift")
 
+	fs.IntVar(&cfg.replicas, "replicas", 0, "run every policy behind N Caddy replicas and a front Caddy spreading requests round-robin per request; kv_cache_aware runs at 1 replica, N alone and N with cluster (needs -nats-server)")
+	fs.StringVar(&cfg.natsServer, "nats-server", "", "replicas: the nats-server binary (./xcaddy.sh demo installs it when -replicas is given)")
+	fs.DurationVar(&cfg.outage, "nats-outage", 0, "replicas: also run kv_cache_aware with the cluster's NATS stopped for this long mid-run (0: not)")
+	fs.DurationVar(&cfg.outageAt, "nats-outage-at", 3*time.Second, "replicas: when, after the replay starts, NATS is stopped")
 	fs.StringVar(&cfg.jsonPath, "json", "", "write machine-readable results to this file")
 	fs.StringVar(&cfg.report, "report", "demo-report.html", "write the HTML report to this file (empty: none)")
 	fs.StringVar(&cfg.llmdBin, "llmd-bin", "", "llmd fleet: llm-d-inference-sim binary (default: examples/llmdsim/bin/llm-d-inference-sim, built when missing)")
@@ -144,6 +153,9 @@ func (c *config) finish() error {
 	}
 	if c.workers < 1 || c.repeats < 1 || c.concurrency < 1 || c.sample < 1 {
 		return errors.New("-workers, -repeats, -concurrency and -sample must be at least 1")
+	}
+	if c.replicas < 0 {
+		return errors.New("-replicas must be 0 (off) or more")
 	}
 	if c.overheadClients < 1 || c.overheadRounds < 1 || c.overheadDuration <= 0 {
 		return errors.New("-overhead-clients, -overhead-rounds and -overhead-duration must be positive")

@@ -59,6 +59,9 @@ func run(ctx context.Context, cfg *config) error {
 	if err != nil {
 		return err
 	}
+	if cfg.replicas > 0 {
+		policies = expandReplicas(policies, cfg.replicas, cfg.outage > 0)
+	}
 	for _, n := range notes {
 		fmt.Println("note:", n)
 	}

@@ -19,7 +19,17 @@ type policy struct {
 	Args   []string // arguments after the module name on the lb_policy line
 	Block  []string // lines inside the lb_policy block
 	Peer   bool     // a benchmark-only peer from examples/peers
+
+	// -replicas: behind a front Caddy, on this many replicas (0: Caddy alone, no front),
+	// sharing over NATS when Cluster; Suffix tells the variants apart in the tables.
+	Replicas int
+	Cluster  bool
+	Outage   bool // -nats-outage: NATS is stopped mid-run and started again
+	Suffix   string
 }
+
+// title is the policy as the tables show it: its label and the replicas variant.
+func (p policy) title() string { return p.label() + p.Suffix }
 
 // label is the policy as shown in tables: the lb_policy line without the block.
 func (p policy) label() string {

@@ -125,8 +125,11 @@ type proxy struct {
 	conns  []net.Conn
 }
 
-func startProxy(t testing.TB, target string) *proxy {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+func startProxy(t testing.TB, target string) *proxy { return startProxyOn(t, "127.0.0.1:0", target) }
+
+// startProxyOn is startProxy listening on addr.
+func startProxyOn(t testing.TB, addr, target string) *proxy {
+	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		t.Fatal(err)
 	}
