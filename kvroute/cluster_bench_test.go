@@ -28,9 +28,7 @@ func BenchmarkSelectCluster(b *testing.B) {
 					p.Cluster = &ClusterConfig{URLs: []string{dead}, Name: "bench", Secret: testClusterSecret}
 				}
 				p = newPolicy(b, p)
-				p.state.mu.Lock()
-				p.state.logger = zap.NewNop() // "cluster: joining" would break benchstat's lines
-				p.state.mu.Unlock()
+				setStateLogger(p, zap.NewNop()) // "cluster: joining" would break benchstat's lines
 				pool := newPool("u1:1", "u2:1", "u3:1", "u4:1", "u5:1", "u6:1", "u7:1", "u8:1")
 				m := &LLMPrompt{MaxBody: DefaultMaxBody}
 				b.SetBytes(int64(len(bodies[0])))

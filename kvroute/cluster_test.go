@@ -159,8 +159,12 @@ func TestClusterStartsOnFirstDecisionAndKeepsNodeOnReload(t *testing.T) {
 		t.Fatal("cleaning up the old config replaced the node")
 	}
 	r := newPolicy(t, &KVCacheAware{Cluster: cfg("g")})
+	if r.state.node() != first {
+		t.Fatal("provisioning a config with another cluster replaced the node before that config routed")
+	}
+	pick(t, r, pool, "m", "hello again") // the new config's first decision puts its options in force
 	if second := r.state.node(); second == nil || second == first {
-		t.Fatalf("a changed cluster did not reconnect: node %v", second)
+		t.Fatalf("a changed cluster did not reconnect: node %p, first %s", second, first.ID())
 	}
 	_ = q.Cleanup()
 	_ = r.Cleanup()

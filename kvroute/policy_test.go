@@ -42,7 +42,17 @@ func newPolicy(t testing.TB, p *KVCacheAware) *KVCacheAware {
 	p.state.reset()
 	p.state.upstreams.Clear() // in-flight counts left by earlier tests
 	p.logger = zap.NewNop()   // one debug line per decision would drown the test output
+	setStateLogger(p, zap.NewNop())
 	return p
+}
+
+// setStateLogger gives the shared state logger l, now and once p's config is put in force (the
+// state takes the newest config's logger then).
+func setStateLogger(p *KVCacheAware, l *zap.Logger) {
+	p.state.mu.Lock()
+	p.state.logger = l
+	p.reg.logger = l
+	p.state.mu.Unlock()
 }
 
 func newPool(addrs ...string) reverseproxy.UpstreamPool {

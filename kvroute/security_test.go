@@ -43,9 +43,7 @@ func TestSecurityNoPromptOrSessionInLogsOrMetrics(t *testing.T) {
 		Upstreams:     map[string]energy.Profile{"a:1": {Models: []string{"m*"}}},
 	})
 	p.logger = logger
-	p.state.mu.Lock()
-	p.state.logger = logger
-	p.state.mu.Unlock()
+	setStateLogger(p, logger)
 	m := &LLMPrompt{MaxBody: 256, logger: logger}
 	pool := newPool("a:1", "b:1", "c:1")
 

@@ -26,9 +26,7 @@ func BenchmarkSelectTelemetry(b *testing.B) {
 		b.Run(fmt.Sprintf("telemetry=%v", on), func(b *testing.B) {
 			cfg := &KVCacheAware{Telemetry: &Telemetry{Off: !on}}
 			p := newPolicy(b, cfg)
-			p.state.mu.Lock()
-			p.state.logger = zap.NewNop() // the readers' info lines would break the benchmark's output
-			p.state.mu.Unlock()
+			setStateLogger(p, zap.NewNop()) // the readers' info lines would break the benchmark's output
 			pool := newPool(addrs...)
 			m := &LLMPrompt{MaxBody: DefaultMaxBody}
 			selectOnce := func(i int) {

@@ -589,9 +589,7 @@ func TestTelemetryLogsAppearAndGoAway(t *testing.T) {
 	e := newEngine(t, "u1", 10)
 	p := newPolicy(t, &KVCacheAware{Telemetry: &Telemetry{Interval: caddy.Duration(100 * time.Millisecond), Timeout: caddy.Duration(100 * time.Millisecond)}})
 	core, logs := observer.New(zap.InfoLevel)
-	p.state.mu.Lock()
-	p.state.logger = zap.New(core)
-	p.state.mu.Unlock()
+	setStateLogger(p, zap.New(core))
 	pick(t, p, newPool(e.addr()), "m", "hello") // the first decision starts the readers
 	count := func(msg string) int { return logs.FilterMessage(msg).Len() }
 	const appeared, lost = "telemetry: reading the upstream's engine", "telemetry: lost the upstream's engine figures"

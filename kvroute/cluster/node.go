@@ -19,7 +19,6 @@ import (
 	"time"
 	"unicode/utf8"
 
-	"github.com/klauspost/compress/zstd"
 	"github.com/nats-io/nats.go"
 )
 
@@ -67,9 +66,6 @@ type Node struct {
 	lostEarly   atomic.Bool       // a message was dropped before the first connection attempt
 
 	nc atomic.Pointer[nats.Conn]
-
-	enc *zstd.Encoder // used by the flusher only
-	dec *zstd.Decoder // used under rmu only
 
 	rmu     sync.Mutex // receive side: peers, plain, closed
 	peers   map[uint64]*peer
@@ -147,16 +143,6 @@ func newNode(cfg Config, h Handler, loads LoadSource, logger *slog.Logger) (*Nod
 	if err != nil {
 		return nil, nil, fmt.Errorf("cluster: %w", err)
 	}
-	// CRC off: GCM authenticates every byte already.
-	enc, err := zstd.NewWriter(nil, zstd.WithEncoderConcurrency(1), zstd.WithEncoderCRC(false), zstd.WithWindowSize(1<<20), zstd.WithEncoderLevel(zstd.SpeedFastest))
-	if err != nil {
-		return nil, nil, fmt.Errorf("cluster: zstd encoder: %w", err)
-	}
-	dec, err := zstd.NewReader(nil, zstd.WithDecoderConcurrency(1), zstd.WithDecoderMaxMemory(uint64(cfg.MaxText)), zstd.WithDecoderMaxWindow(1<<22))
-	if err != nil {
-		enc.Close()
-		return nil, nil, fmt.Errorf("cluster: zstd decoder: %w", err)
-	}
 	n := &Node{
 		cfg:      cfg,
 		h:        h,
@@ -172,8 +158,6 @@ func newNode(cfg Config, h Handler, loads LoadSource, logger *slog.Logger) (*Nod
 		syncKick: make(chan struct{}, 1),
 		syncJobs: make(chan syncJob, 16),
 		served:   make(map[uint64]uint64),
-		enc:      enc,
-		dec:      dec,
 		peers:    make(map[uint64]*peer),
 		done:     make(chan struct{}),
 	}
@@ -322,8 +306,6 @@ func (n *Node) Close() error {
 		n.rmu.Lock()
 		n.closed = true
 		n.rmu.Unlock()
-		n.enc.Close()
-		n.dec.Close()
 	})
 	return nil
 }

@@ -1,6 +1,8 @@
 package cluster
 
 import (
+	"github.com/klauspost/compress/s2"
+
 	"crypto/cipher"
 	"errors"
 	"strconv"
@@ -310,7 +312,17 @@ func (n *Node) decodeText(r *record) (string, bool) {
 	if r.textEnc == textRaw {
 		return string(r.text), true
 	}
-	out, err := n.dec.DecodeAll(r.text, n.textBuf[:0])
+	// The declared length is checked before a byte is decoded: a peer cannot make this
+	// allocate more than the record says (and the record's length is bounded by MaxText).
+	var out []byte
+	size, err := s2.DecodedLen(r.text)
+	if err == nil && size == r.textLen {
+		buf := n.textBuf
+		if cap(buf) < size {
+			buf = make([]byte, size)
+		}
+		out, err = s2.Decode(buf[:size], r.text)
+	}
 	if err != nil || len(out) != r.textLen {
 		n.reject(&n.st.rejectedMalformed, "malformed", errors.New("decision text does not decompress to its declared length"))
 		return "", false

