@@ -82,7 +82,7 @@ func TestProcessOptionsAgreeWithinAConfig(t *testing.T) {
 		t.Fatalf("a policy leaving max_sessions out refused: %v", err)
 	}
 	defer b.Cleanup()
-	a.state.ready() // the config's first decision puts its options in force
+	a.state.ready(a.reg) // the config's first decision puts its options in force
 	if got := a.state.sessions.max.Load(); got != 500 {
 		t.Errorf("max_sessions in force %d, want the config's 500", got)
 	}
@@ -99,7 +99,11 @@ func TestProcessOptionsAgreeWithinAConfig(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer d.Cleanup()
-	a.state.ready()
+	a.state.ready(a.reg) // the old config's traffic leaves the newer config's options pending
+	if got := a.state.sessions.max.Load(); got != 500 {
+		t.Errorf("max_sessions in force %d after the old config routed, want its 500 still", got)
+	}
+	d.state.ready(d.reg)
 	if got := a.state.sessions.max.Load(); got != 700 {
 		t.Errorf("max_sessions in force %d after a newer config, want 700", got)
 	}

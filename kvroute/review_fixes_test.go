@@ -54,11 +54,16 @@ func TestRefusedConfigLeavesStateAlone(t *testing.T) {
 	if err := x.Provision(ctx2); err != nil {
 		t.Fatal(err)
 	}
+	// The running config keeps routing while the new one is being provisioned.
+	pick(t, old, pool, "m", coldPrompt(100))
+	chars = old.state.forest.Chars()
 	y := &KVCacheAware{MaxTreeSize: 200}
 	err := y.Provision(ctx2)
 	if err == nil {
 		t.Fatal("not refused")
 	}
+	pick(t, old, pool, "m", coldPrompt(101)) // and after the new config failed
+	chars = max(chars, old.state.forest.Chars())
 	_ = x.Cleanup() // Caddy cleans up the refused config's provisioned modules
 	cancel2()
 	if got := old.state.forest.Chars(); got != chars {

@@ -43,7 +43,7 @@ type candidate struct {
 //
 // Load is defined in load.go.
 func (p *KVCacheAware) Select(pool reverseproxy.UpstreamPool, r *http.Request, w http.ResponseWriter) *reverseproxy.Upstream {
-	p.state.ready()
+	p.state.ready(p.reg)
 	req := attemptFor(r, DefaultMaxBody)
 	defer req.placed()
 	p.state.noteRetry(r, req)
@@ -235,8 +235,8 @@ func (p *KVCacheAware) session(r *http.Request, req *llmRequest, pool reversepro
 		if s.source == fromCookie && store == p.state.pending {
 			// The client presented its cookie back: the binding it earned leaves pending as it
 			// is, not rebound to where this one request goes.
-			p.state.sessions.bind(req.Model, s.id, addr, time.Now())
-			store.forgetBinding(req.Model, s.id)
+			p.state.sessions.bind(req.Model, s.key, addr, time.Now())
+			store.forgetBinding(req.Model, s.key)
 		}
 		s.keep = s.source != issued
 	case slices.Contains(req.tried, addr):

@@ -223,16 +223,24 @@ func currentState() *state {
 	return s
 }
 
-// ready runs on every decision: it puts a newly registered config's process-wide options in
-// force (a config is only known to be accepted once it routes) and starts the background
-// sources once. On the request path it costs two atomic loads.
-func (s *state) ready() {
+// ready runs on every decision of the policy registered as r: when r's config is the newest
+// and was not applied yet, it puts that config's process-wide options in force (a config is
+// only known to be accepted once it routes: the old config's requests in the meantime leave
+// them pending); it also starts the background sources once. On the request path it costs two
+// atomic loads.
+func (s *state) ready(r *registration) {
 	if s.dirty.Load() {
 		s.mu.Lock()
-		s.applyNewestLocked()
+		applied := false
+		if newest := s.newestLocked(); newest != nil && r != nil && newest.config == r.config {
+			s.applyNewestLocked()
+			applied = true
+		}
 		s.mu.Unlock()
-		s.syncTelemetry() // both do nothing before the first decision starts them below
-		s.reconcileCluster()
+		if applied {
+			s.syncTelemetry() // both do nothing before the first decision starts them below
+			s.reconcileCluster()
+		}
 	}
 	if s.started.Load() {
 		return
@@ -275,8 +283,6 @@ func (s *state) register(r *registration) error {
 	s.publishStaticLocked()
 	s.dirty.Store(true)
 	s.mu.Unlock()
-	s.syncTelemetry()
-	s.reconcileCluster()
 	return nil
 }
 

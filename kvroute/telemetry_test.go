@@ -557,26 +557,27 @@ localhost:%d {
 			t.Fatalf("%s: status %d", path, resp.StatusCode)
 		}
 	}
-	rate := func() int64 { // scrapes of the first engine in one second
+	rate := func() int64 { // scrapes of the first engine in two seconds
 		before := engines[0].scrapes.Load()
-		time.Sleep(time.Second)
+		time.Sleep(2 * time.Second)
 		return engines[0].scrapes.Load() - before
 	}
-	// One reader at 100 ms: about 10 a second (±10% jitter); two readers would make 20.
-	if n := rate(); n < 7 || n > 13 {
-		t.Errorf("two policies: the engine was read %d times in one second, want about 10", n)
+	// One reader at 100 ms: about 20 in two seconds (±10% jitter); two readers would make 40.
+	// The band is wide: a loaded machine under -race delays reads, it never doubles them.
+	if n := rate(); n < 10 || n > 30 {
+		t.Errorf("two policies: the engine was read %d times in two seconds, want about 20", n)
 	}
 	if keys := currentState().tel.current.Load().Keys(); len(keys) != 2 {
 		t.Errorf("readers %v, want one per upstream", keys)
 	}
 	load(t, config(fast))
-	if n := rate(); n < 7 || n > 13 {
-		t.Errorf("after a reload: the engine was read %d times in one second, want about 10", n)
+	if n := rate(); n < 10 || n > 30 {
+		t.Errorf("after a reload: the engine was read %d times in two seconds, want about 20", n)
 	}
 	load(t, config("telemetry off"))
 	time.Sleep(200 * time.Millisecond) // a read in flight at the reload may still land
 	if n := rate(); n != 0 {
-		t.Errorf("telemetry off: the engine was read %d times in one second", n)
+		t.Errorf("telemetry off: the engine was read %d times in two seconds", n)
 	}
 	if us := upstreamStatus(t, engines[0].addr()); us.Telemetry != nil || us.KVCapacityTokens != 0 {
 		t.Errorf("telemetry off: the status still shows telemetry %+v, capacity %d", us.Telemetry, us.KVCapacityTokens)
