@@ -59,14 +59,7 @@ func TestSessionOutOfBandIsSkippedAndKept(t *testing.T) {
 			for _, c := range cancels {
 				c()
 			}
-			waitFor(t, func() bool {
-				for _, up := range pool {
-					if p.state.upstream(up.Dial).inFlight.Load() != 0 {
-						return false
-					}
-				}
-				return true
-			}, "in-flight counts back to 0")
+			waitReleased(t, p, pool, nil)
 			r, cancel := request(5000)
 			got := p.Select(pool, r, nil).Dial
 			cancel()
