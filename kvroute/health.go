@@ -4,7 +4,6 @@ import (
 	"context"
 	"net"
 	"net/http"
-	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -158,20 +157,6 @@ func (s *state) stopHealth() {
 	s.bgClosed = true
 	s.bgMu.Unlock()
 	s.bg.Wait()
-}
-
-// leaveOutDown removes the candidates the policy holds to be down, unless all are (step 1).
-func (s *state) leaveOutDown(cands []candidate) []candidate {
-	down := 0
-	for i := range cands {
-		if cands[i].st.health.down.Load() {
-			down++
-		}
-	}
-	if down == 0 || down == len(cands) {
-		return cands
-	}
-	return slices.DeleteFunc(cands, func(c candidate) bool { return c.st.health.down.Load() })
 }
 
 // Request outcomes. Caddy sets http.reverse_proxy.status_code when an attempt gets response

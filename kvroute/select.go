@@ -98,17 +98,10 @@ func (p *KVCacheAware) candidates(dst []candidate, pool reverseproxy.UpstreamPoo
 		load := p.state.load(st, up.NumRequests(), now)
 		dst = append(dst, candidate{up: up, st: st, prof: prof, load: load})
 	}
-	dst = p.state.leaveOutDown(dst)
-	saturated := 0
-	for i := range dst {
-		if saturatedAt(dst[i].prof, dst[i].load) {
-			saturated++
-		}
-	}
-	if saturated == 0 || saturated == len(dst) {
-		return dst
-	}
-	return slices.DeleteFunc(dst, func(c candidate) bool { return saturatedAt(c.prof, c.load) })
+	// Each filter leaves out candidates unless it would leave out all of them: then Caddy's
+	// own view of the pool decides.
+	dst = leaveOut(dst, func(c *candidate) bool { return c.st.health.down.Load() })
+	return leaveOut(dst, func(c *candidate) bool { return saturatedAt(c.prof, c.load) })
 }
 
 func saturatedAt(prof *energy.Profile, load int64) bool {
@@ -120,16 +113,36 @@ func saturatedAt(prof *energy.Profile, load int64) bool {
 // and the prefix, the session and the energy placement would otherwise all point back at the
 // upstream that just failed.
 func untried(cands []candidate, tried []string) []candidate {
-	fresh := 0
-	for i := range cands {
-		if !slices.Contains(tried, cands[i].up.Dial) {
-			fresh++
-		}
-	}
-	if fresh == 0 || fresh == len(cands) {
+	if len(tried) == 0 {
 		return cands
 	}
-	return slices.DeleteFunc(cands, func(c candidate) bool { return slices.Contains(tried, c.up.Dial) })
+	return leaveOut(cands, func(c *candidate) bool { return slices.Contains(tried, c.up.Dial) })
+}
+
+// leaveOut removes the candidates out reports, unless it reports every one of them (then all
+// stay). out is asked once per candidate, so a flag that changes meanwhile (an upstream going
+// down) cannot make it remove them all.
+func leaveOut(cands []candidate, out func(*candidate) bool) []candidate {
+	var buf [16]bool
+	flags := buf[:0]
+	n := 0
+	for i := range cands {
+		o := out(&cands[i])
+		flags = append(flags, o)
+		if o {
+			n++
+		}
+	}
+	if n == 0 || n == len(cands) {
+		return cands
+	}
+	kept := cands[:0]
+	for i := range cands {
+		if !flags[i] {
+			kept = append(kept, cands[i])
+		}
+	}
+	return kept
 }
 
 var matchPool = sync.Pool{New: func() any { return new(tree.Match) }}
