@@ -50,30 +50,6 @@ xbuild() {
 }
 
 build() {
-	local out=$1
-	shift
-	local plain=() pseudo=()
-	for w in "$@"; do
-		plain+=(--with "$w")
-		pseudo+=(--with "${w%%=*}@$PSEUDO=${w#*=}")
-	done
-	need_xcaddy
-	local log
-	log=$(mktemp)
-	if xcaddy build "$CADDY_VERSION" --output "$out" "${plain[@]}" >"$log" 2>&1; then
-		rm -f "$log"
-		return 0
-	fi
-	echo "xcaddy: plain --with failed (module proxy refused the local module?); retrying with a pseudo-version" >&2
-	if ! xcaddy build "$CADDY_VERSION" --output "$out" "${pseudo[@]}" >>"$log" 2>&1; then
-		cat "$log" >&2
-		rm -f "$log"
-		return 1
-	fi
-	rm -f "$log"
-}
-
-build() {
 	echo "building ./caddy with $MOD" >&2
 	xbuild "$ROOT/caddy" "$MOD=$ROOT"
 	"$ROOT/caddy" list-modules | grep -E 'kv_cache_aware|llm_prompt|admin.api.kvroute' >&2
