@@ -18,23 +18,31 @@ const secret = "integration-test-secret-0123456789"
 type state struct {
 	mu        sync.Mutex
 	decisions []decision
-	bindings  map[string]string // model + " " + session key → upstream
+	bindings  map[string]string    // model + " " + session key → upstream
+	boundAt   map[string]time.Time // and when it was made
 	forgets   []string
 	resets    int
 }
 
 type decision struct{ model, upstream, text string }
 
-func newState() *state { return &state{bindings: map[string]string{}} }
+func newState() *state {
+	return &state{bindings: map[string]string{}, boundAt: map[string]time.Time{}}
+}
 
 func (s *state) Decision(model, upstream, text string) {
 	s.mu.Lock()
 	s.decisions = append(s.decisions, decision{model, upstream, text})
 	s.mu.Unlock()
 }
-func (s *state) Binding(model, sk, upstream string) {
+
+// Binding keeps the newest binding of a session, as the session store does.
+func (s *state) Binding(model, sk, upstream string, at time.Time) {
 	s.mu.Lock()
-	s.bindings[model+" "+sk] = upstream
+	k := model + " " + sk
+	if held, ok := s.bindings[k]; !ok || cluster.BindingNewer(at, upstream, s.boundAt[k], held) {
+		s.bindings[k], s.boundAt[k] = upstream, at
+	}
 	s.mu.Unlock()
 }
 func (s *state) Forget(sk string) {
@@ -192,4 +200,15 @@ func (p *proxy) close() {
 	}
 	p.mu.Unlock()
 	p.wg.Wait()
+}
+
+// cut closes the connections through the proxy, as a network blip would; the listener stays,
+// so that clients reconnect through it.
+func (p *proxy) cut() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, c := range p.conns {
+		c.Close()
+	}
+	p.conns = nil
 }
