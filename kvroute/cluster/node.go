@@ -178,6 +178,7 @@ func newNode(cfg Config, h Handler, loads LoadSource, logger *slog.Logger) (*Nod
 		nats.ReconnectHandler(func(*nats.Conn) { n.connected("reconnected") }),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
 			n.st.disconnects.Add(1)
+			n.lostConnection()
 			n.log.Warn("cluster: NATS connection lost; routing on local knowledge until it is back", "error", err)
 		}),
 		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {

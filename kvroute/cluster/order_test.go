@@ -314,3 +314,28 @@ func TestBindingFromTheFuture(t *testing.T) {
 		t.Errorf("future binding applied: %+v, stale %d", h, n.Stats().RejectedStale)
 	}
 }
+
+// TestReconnectAsksFromBeforeTheGap: live messages that arrive after a reconnect but before the
+// catch-up request goes out must not hide what the peer sent while this node was away: the
+// request asks from what was heard when the connection went, until the peer answers.
+func TestReconnectAsksFromBeforeTheGap(t *testing.T) {
+	n, _ := newTestNode(t, testConfig())
+	peer, _ := newTestNode(t, testConfig())
+	n.receive(kindData, sealAs(peer, kindData, appendLoad(nil, nil))) // seq 1
+	n.receive(kindSyncData, sealTo(peer, n.id, kindSyncData, nil))    // seq 2: synced
+	n.receive(kindData, sealAs(peer, kindData, appendLoad(nil, nil))) // seq 3
+	n.lostConnection()
+	peer.seq.Add(5)                                                   // seqs 4-8 lost
+	n.receive(kindData, sealAs(peer, kindData, appendLoad(nil, nil))) // seq 9, after the reconnect
+	if s := n.seen(); len(s) != 1 || s[0].seq != 3 {
+		t.Fatalf("seen after a reconnect: %v, want the peer at 3 (when the connection went)", s)
+	}
+	n.lostConnection() // a second blip before the answer keeps the first gap
+	if s := n.seen(); len(s) != 1 || s[0].seq != 3 {
+		t.Fatalf("seen after a second disconnect: %v, want 3", s)
+	}
+	n.receive(kindSyncData, sealTo(peer, n.id, kindSyncData, nil)) // seq 10: the answer
+	if s := n.seen(); len(s) != 1 || s[0].seq != 10 {
+		t.Fatalf("seen after the peer answered: %v, want 10", s)
+	}
+}

@@ -43,10 +43,16 @@ type peer struct {
 	// having lost anything before its first connection (then this node asks it). A live
 	// message, or a peer's request after a reconnect, says nothing of what it published
 	// before this node heard it.
-	synced   bool
-	tokens   float64
-	tokensAt time.Time
-	frag     struct {
+	synced bool
+	// resume, with resumeSet: the peer's maxSeq when this node lost its connection. Until
+	// the peer answers a catch-up request, the request asks from there: what the peer sent
+	// while this node was away is missing, even once newer live messages arrived after the
+	// reconnect (they arrive before the request goes out).
+	resume    uint64
+	resumeSet bool
+	tokens    float64
+	tokensAt  time.Time
+	frag      struct {
 		id, next, total uint64
 		buf             []byte
 	}
@@ -204,7 +210,7 @@ func (n *Node) receive(kind byte, msg []byte) {
 		return
 	}
 	if kind == kindSyncData {
-		p.synced = true
+		p.synced, p.resumeSet = true, false
 	}
 	p.lastHeard, p.lag = now, now.Sub(sent)
 	p.messages++
@@ -420,6 +426,18 @@ func (n *Node) rebuildLoads(now time.Time) {
 		}
 	}
 	n.peerLoad.Store(&sum)
+}
+
+// lostConnection remembers, for every peer, what this node had heard when its connection
+// went, so that the catch-up request after the reconnect asks for what followed.
+func (n *Node) lostConnection() {
+	n.rmu.Lock()
+	defer n.rmu.Unlock()
+	for _, p := range n.peers {
+		if !p.resumeSet {
+			p.resume, p.resumeSet = p.maxSeq, true
+		}
+	}
 }
 
 // expire drops silent peers' loads and, once their messages could no longer pass the replay

@@ -361,7 +361,10 @@ func (n *Node) seen() []seenSeq {
 	defer n.rmu.Unlock()
 	seen := make([]seenSeq, 0, len(n.peers))
 	for id, p := range n.peers {
-		if p.synced {
+		switch {
+		case p.synced && p.resumeSet:
+			seen = append(seen, seenSeq{id, p.resume})
+		case p.synced:
 			seen = append(seen, seenSeq{id, p.maxSeq})
 		}
 	}

@@ -8,8 +8,10 @@ import (
 )
 
 // TestReconnectUnderTrafficAppliesOnce: b's connection is cut while a publishes without pause.
-// On reconnecting, b asks a for what it missed; the batches a publishes between b's request
-// and a's reply reach b both live and in the reply. Each decision must be applied once.
+// On reconnecting, b asks a for what it missed since the connection went; the batches a
+// publishes from b's resubscription to a's reply reach b both live and in the reply (b's
+// traffic to NATS is slowed by 20 ms so that there are always some). Each decision must be
+// applied once.
 func TestReconnectUnderTrafficAppliesOnce(t *testing.T) {
 	s := startNATS(t, nil)
 	p := startProxy(t, fmt.Sprintf("127.0.0.1:%d", s.opts.Port))
@@ -37,6 +39,7 @@ func TestReconnectUnderTrafficAppliesOnce(t *testing.T) {
 	}()
 	time.Sleep(200 * time.Millisecond)
 	before := b.Stats().SyncRequests
+	p.upDelay.Store(int64(20 * time.Millisecond))
 	p.cut()
 	eventually(t, 5*time.Second, "b reconnects and asks a", func() bool {
 		st := b.Stats()
@@ -71,5 +74,8 @@ func TestReconnectUnderTrafficAppliesOnce(t *testing.T) {
 		published, dropped(), st.DecisionsReceived, len(count), st.SyncReceivedRecords, st.Duplicates)
 	if twice != 0 {
 		t.Errorf("%d decisions applied twice", twice)
+	}
+	if st.Duplicates == 0 {
+		t.Error("no record heard both live and in the catch-up reply: the test did not test")
 	}
 }

@@ -128,9 +128,11 @@ type proxy struct {
 	ln     net.Listener
 	target string
 	paused atomic.Bool
-	wg     sync.WaitGroup
-	mu     sync.Mutex
-	conns  []net.Conn
+	// upDelay holds what the client sends for this long (nanoseconds) before forwarding it.
+	upDelay atomic.Int64
+	wg      sync.WaitGroup
+	mu      sync.Mutex
+	conns   []net.Conn
 }
 
 func startProxy(t testing.TB, target string) *proxy { return startProxyOn(t, "127.0.0.1:0", target) }
@@ -159,21 +161,25 @@ func startProxyOn(t testing.TB, addr, target string) *proxy {
 			p.conns = append(p.conns, c, s)
 			p.mu.Unlock()
 			p.wg.Add(2)
-			go p.pipe(c, s)
-			go p.pipe(s, c)
+			go p.pipe(c, s, false)
+			go p.pipe(s, c, true)
 		}
 	}()
 	t.Cleanup(p.close)
 	return p
 }
 
-func (p *proxy) pipe(dst, src net.Conn) {
+// pipe copies src to dst; up is the client-to-server direction, which upDelay slows.
+func (p *proxy) pipe(dst, src net.Conn, up bool) {
 	defer p.wg.Done()
 	buf := make([]byte, 32<<10)
 	for {
 		n, err := src.Read(buf)
 		for p.paused.Load() {
 			time.Sleep(5 * time.Millisecond)
+		}
+		if d := time.Duration(p.upDelay.Load()); up && d > 0 {
+			time.Sleep(d)
 		}
 		if n > 0 {
 			if _, werr := dst.Write(buf[:n]); werr != nil {
