@@ -225,8 +225,9 @@ func (s *state) sessionKey(id string) string {
 }
 
 // share publishes a local decision to the peers: the routing text under upstream, and the
-// session binding when one was made (bindKey from sessionKey). It never blocks.
-func (s *state) share(model, upstream, text, bindKey string) {
+// session binding when one was made (bindKey from sessionKey, boundAt the time the session
+// store keeps for it). It never blocks.
+func (s *state) share(model, upstream, text, bindKey string, boundAt time.Time) {
 	n := s.node()
 	if n == nil {
 		return
@@ -235,7 +236,7 @@ func (s *state) share(model, upstream, text, bindKey string) {
 		n.PublishDecision(model, upstream, text)
 	}
 	if bindKey != "" {
-		n.PublishBinding(model, bindKey, upstream)
+		n.PublishBinding(model, bindKey, upstream, boundAt)
 	}
 }
 
@@ -287,8 +288,10 @@ func (h clusterHandler) Decision(model, upstream, text string) {
 	h.s.forest.Tree(model).Insert(text, upstream)
 }
 
-func (h clusterHandler) Binding(model, sessionKey, upstream string) {
-	h.s.sessions.bind(boundKey(model, maxModelLen), sessionKey, upstream, time.Now())
+// Binding applies a peer's binding only when it is newer than the one held: a catch-up reply
+// can bring one replica's older binding after another's newer one.
+func (h clusterHandler) Binding(model, sessionKey, upstream string, at time.Time) {
+	h.s.sessions.bindPeer(boundKey(model, maxModelLen), sessionKey, upstream, at, time.Now())
 }
 
 func (h clusterHandler) Forget(sessionKey string) {

@@ -20,6 +20,8 @@ var (
 		"Bytes of cluster messages sent and received.", []string{"direction"}, nil)
 	descClusterApplied = prometheus.NewDesc(ns+"_"+sub+"_cluster_applied_total",
 		"Peers' decisions and session bindings applied to this replica's state.", []string{"kind"}, nil)
+	descClusterDuplicates = prometheus.NewDesc(ns+"_"+sub+"_cluster_duplicates_total",
+		"Peers' decisions and bindings heard twice (live and in a catch-up reply) and applied once.", nil, nil)
 	descClusterDropped = prometheus.NewDesc(ns+"_"+sub+"_cluster_dropped_total",
 		"Cluster items or messages dropped on this replica, by reason.", []string{"reason"}, nil)
 	descClusterRejected = prometheus.NewDesc(ns+"_"+sub+"_cluster_rejected_total",
@@ -32,7 +34,7 @@ var (
 
 func (*clusterCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descClusterConnected, descClusterPeers, descClusterMessages,
-		descClusterBytes, descClusterApplied, descClusterDropped, descClusterRejected, descClusterLag,
+		descClusterBytes, descClusterApplied, descClusterDuplicates, descClusterDropped, descClusterRejected, descClusterLag,
 		descClusterTextBytes} {
 		ch <- d
 	}
@@ -72,6 +74,7 @@ func (*clusterCollector) Collect(ch chan<- prometheus.Metric) {
 	counter(descClusterBytes, st.ReceivedBytes, "received")
 	counter(descClusterApplied, st.DecisionsReceived, "decision")
 	counter(descClusterApplied, st.BindingsReceived, "binding")
+	counter(descClusterDuplicates, st.Duplicates)
 	counter(descClusterTextBytes, st.TextBytes, "raw")
 	counter(descClusterTextBytes, st.WireTextBytes, "wire")
 	for reason, v := range map[string]uint64{"queue": st.DroppedQueue, "publish": st.DroppedPublish,

@@ -193,7 +193,7 @@ func TestClusterRemoteDecisionIsLocal(t *testing.T) {
 		}
 	}
 
-	h.Binding("m", n.SessionKey("sess-1"), "10.0.0.4:8000")
+	h.Binding("m", n.SessionKey("sess-1"), "10.0.0.4:8000", time.Now())
 	if got := pick(t, p, pool, "m", "unrelated", "X-Session-ID", "sess-1"); got != "10.0.0.4:8000" {
 		t.Errorf("a peer's session binding was not honoured: went to %s", got)
 	}
@@ -210,8 +210,23 @@ func TestClusterRemoteDecisionIsLocal(t *testing.T) {
 	if _, ok := p.state.sessions.get("m", "sess-2", time.Now()); ok {
 		t.Error("with a cluster, a session is bound under its clear id")
 	}
-	if _, ok := p.state.sessions.get("m", n.SessionKey("sess-2"), time.Now()); !ok {
+	local, ok := p.state.sessions.get("m", n.SessionKey("sess-2"), time.Now())
+	if !ok {
 		t.Error("with a cluster, a session is not bound under its SessionKey")
+	}
+	// A peer's binding older than the local one (a late catch-up reply) leaves it; a newer one
+	// replaces it.
+	other := "10.0.0.1:8000"
+	if local == other {
+		other = "10.0.0.2:8000"
+	}
+	h.Binding("m", n.SessionKey("sess-2"), other, time.Now().Add(-time.Minute))
+	if got, _ := p.state.sessions.get("m", n.SessionKey("sess-2"), time.Now()); got != local {
+		t.Errorf("a peer's older binding replaced the local one: %s, want %s", got, local)
+	}
+	h.Binding("m", n.SessionKey("sess-2"), other, time.Now().Add(time.Millisecond))
+	if got, _ := p.state.sessions.get("m", n.SessionKey("sess-2"), time.Now()); got != other {
+		t.Errorf("a peer's newer binding did not replace the local one: %s, want %s", got, other)
 	}
 
 	h.Reset()

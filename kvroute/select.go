@@ -382,7 +382,7 @@ func (p *KVCacheAware) commit(r *http.Request, w http.ResponseWriter, req *llmRe
 	if req.Text != "" {
 		p.state.forest.Tree(treeName).Insert(req.Text, c.up.Dial)
 	}
-	bindKey := ""
+	bindKey, boundAt := "", time.Time{}
 	switch {
 	case sess.source == issued:
 		if w != nil && !req.cookieSet {
@@ -391,7 +391,7 @@ func (p *KVCacheAware) commit(r *http.Request, w http.ResponseWriter, req *llmRe
 		}
 		p.state.pending.bind(req.Model, sess.key, c.up.Dial, now)
 	case sess.id != "" && !sess.keep:
-		p.state.sessions.bind(req.Model, sess.key, c.up.Dial, now)
+		boundAt = p.state.sessions.bind(req.Model, sess.key, c.up.Dial, now)
 		if sess.source == fromCookie {
 			p.state.pending.forgetBinding(req.Model, sess.key)
 		}
@@ -399,7 +399,7 @@ func (p *KVCacheAware) commit(r *http.Request, w http.ResponseWriter, req *llmRe
 	}
 	// Peers learn what this replica just learned (pending cookie ids stay local: a client
 	// that keeps no cookies must not fill every replica's store).
-	p.state.share(req.Model, c.up.Dial, req.Text, bindKey)
+	p.state.share(req.Model, c.up.Dial, req.Text, bindKey, boundAt)
 	req.track(r, c.st)
 	req.attempt.Store(c.st)
 	if len(req.tried) == 0 {

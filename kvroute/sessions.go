@@ -5,6 +5,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/kvroute/caddy-kvroute/kvroute/cluster"
 )
 
 const sessionShards = 32
@@ -33,9 +35,13 @@ type sessionShard struct {
 type sessionKey struct{ model, sid string }
 
 type binding struct {
-	key        sessionKey
-	upstream   string
-	expires    int64 // unix nanoseconds
+	key      sessionKey
+	upstream string
+	expires  int64 // unix nanoseconds
+	// made is when the binding was made (unix nanoseconds), here or on the peer that made it:
+	// of a session's bindings heard in any order, the cluster keeps the latest
+	// (cluster.BindingNewer).
+	made       int64
 	prev, next *binding
 }
 
@@ -88,19 +94,59 @@ func (s *sessionStore) get(model, sid string, now time.Time) (string, bool) {
 	return b.upstream, true
 }
 
-// bind binds sid to upstream for model.
-func (s *sessionStore) bind(model, sid, upstream string, now time.Time) {
+// bind binds sid to upstream for model, made now, and returns the time it keeps as the
+// binding's: now, or just after the binding it replaces when that one is dated later (a peer's
+// clock ahead of this one), so that peers take this binding as the newer.
+func (s *sessionStore) bind(model, sid, upstream string, now time.Time) time.Time {
 	sh := s.shard(sid)
 	sh.mu.Lock()
-	exp := now.UnixNano() + s.ttl.Load()
 	key := sessionKey{model, sid}
+	made := now.UnixNano()
 	if b, ok := sh.m[key]; ok {
-		b.upstream, b.expires = upstream, exp
+		made = max(made, b.made+1)
+	}
+	s.put(sh, key, upstream, made, now)
+	return time.Unix(0, made)
+}
+
+// bindPeer applies a peer's binding of sid to upstream for model, made at: only when it is
+// newer than the binding held (cluster.BindingNewer), so that bindings heard out of order
+// (live and in catch-up replies from several peers) end on the latest one. It reports whether
+// it applied it.
+func (s *sessionStore) bindPeer(model, sid, upstream string, at, now time.Time) bool {
+	sh := s.shard(sid)
+	sh.mu.Lock()
+	key := sessionKey{model, sid}
+	if b, ok := sh.m[key]; ok && b.expires > now.UnixNano() &&
+		!cluster.BindingNewer(at, upstream, timeOf(b.made), b.upstream) {
+		sh.mu.Unlock()
+		return false
+	}
+	made := int64(0)
+	if !at.IsZero() {
+		made = at.UnixNano()
+	}
+	s.put(sh, key, upstream, made, now)
+	return true
+}
+
+func timeOf(nanos int64) time.Time {
+	if nanos == 0 {
+		return time.Time{}
+	}
+	return time.Unix(0, nanos)
+}
+
+// put stores the binding; sh is locked, and put unlocks it.
+func (s *sessionStore) put(sh *sessionShard, key sessionKey, upstream string, made int64, now time.Time) {
+	exp := now.UnixNano() + s.ttl.Load()
+	if b, ok := sh.m[key]; ok {
+		b.upstream, b.expires, b.made = upstream, exp, made
 		sh.moveFront(b)
 		sh.mu.Unlock()
 		return
 	}
-	b := &binding{key: key, upstream: upstream, expires: exp}
+	b := &binding{key: key, upstream: upstream, expires: exp, made: made}
 	sh.m[key] = b
 	sh.pushFront(b)
 	over := s.live.Add(1) > s.max.Load()

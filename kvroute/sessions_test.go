@@ -295,3 +295,44 @@ func TestSessionCookieRetryKeepsSession(t *testing.T) {
 		}
 	}
 }
+
+// TestSessionStoreNewestBinding: a peer's bindings of one session applied in any order leave
+// the newest, and a local binding after a peer's dated ahead (clock skew) is dated after it.
+func TestSessionStoreNewestBinding(t *testing.T) {
+	now := time.Now()
+	t1, t2, t3 := now.Add(-3*time.Second), now.Add(-2*time.Second), now.Add(-time.Second)
+	bs := []struct {
+		up string
+		at time.Time
+	}{{"u1", t1}, {"u2", t2}, {"u3", t3}}
+	for _, order := range [][]int{{0, 1, 2}, {2, 1, 0}, {1, 2, 0}, {2, 0, 1}} {
+		s := newSessionStore(100, time.Hour)
+		for _, i := range order {
+			s.bindPeer("m", "k", bs[i].up, bs[i].at, now)
+		}
+		if got, _ := s.get("m", "k", now); got != "u3" {
+			t.Errorf("order %v: bound to %s, want u3", order, got)
+		}
+	}
+	// Unknown time (an old peer's catch-up reply): applied where nothing is held, else not.
+	s := newSessionStore(100, time.Hour)
+	if !s.bindPeer("m", "k", "u1", time.Time{}, now) || s.bindPeer("m", "k", "u2", time.Time{}, now) {
+		t.Error("a binding of unknown time: applied over a held one, or not where none was")
+	}
+	// An expired binding is no binding: an older peer binding replaces it.
+	s = newSessionStore(100, time.Millisecond)
+	s.bindPeer("m", "k", "u3", t3, now)
+	if !s.bindPeer("m", "k", "u1", t1, now.Add(time.Second)) {
+		t.Error("an expired binding kept a peer's older one out")
+	}
+	// A peer's clock a minute ahead: the local rebinding is dated just after it, so peers take it.
+	s = newSessionStore(100, time.Hour)
+	ahead := now.Add(time.Minute)
+	s.bindPeer("m", "k", "u1", ahead, now)
+	if at := s.bind("m", "k", "u2", now); !at.After(ahead) {
+		t.Errorf("local binding dated %v, not after the held %v", at, ahead)
+	}
+	if at := s.bind("m", "k2", "u2", now); !at.Equal(now) {
+		t.Errorf("a fresh local binding dated %v, want now %v", at, now)
+	}
+}

@@ -17,7 +17,10 @@
 // compressed on its own, never together with another client's text, so that sizes on the wire
 // leak nothing about other prompts. A replica that starts or reconnects asks its peers to replay
 // their recent decisions (a bounded log each keeps of its own), so that it catches up within
-// seconds.
+// seconds. A reply names, for its records, the message each was first published in, so that a
+// record heard both live and in a reply (after a NATS restart, say) is applied once. A binding
+// carries when it was made, by its sender's clock, and the Handler keeps the latest of a
+// session's bindings (BindingNewer) whatever order live messages and replies bring them in.
 //
 // # Threat model
 //

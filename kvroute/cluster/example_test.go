@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"time"
 
 	"github.com/kvroute/caddy-kvroute/kvroute/cluster"
 )
@@ -16,10 +17,10 @@ type fleetState struct {
 
 // The Handler's methods apply a peer's observation as the local decision path would: insert
 // text into model's tree under upstream, bind or forget a session, drop everything.
-func (s *fleetState) Decision(model, upstream, text string)      {}
-func (s *fleetState) Binding(model, sessionKey, upstream string) {}
-func (s *fleetState) Forget(sessionKey string)                   {}
-func (s *fleetState) Reset()                                     {}
+func (s *fleetState) Decision(model, upstream, text string)                    {}
+func (s *fleetState) Binding(model, sessionKey, upstream string, at time.Time) {}
+func (s *fleetState) Forget(sessionKey string)                                 {}
+func (s *fleetState) Reset()                                                   {}
 
 // loads is the LoadSource: a copy, since the node reads it on its own goroutine.
 func (s *fleetState) loads() map[string]int64 {
@@ -50,7 +51,7 @@ func ExampleOpen() {
 	// In Select, after choosing 10.0.0.1:8000 for a request of session "conv-42":
 	sk := node.SessionKey("conv-42") // the key the session store uses, on every replica
 	node.PublishDecision("llama-3.1-8b", "10.0.0.1:8000", "system: ...\nuser: ...")
-	node.PublishBinding("llama-3.1-8b", sk, "10.0.0.1:8000")
+	node.PublishBinding("llama-3.1-8b", sk, "10.0.0.1:8000", time.Now())
 	st.mu.Lock()
 	st.inflight["10.0.0.1:8000"]++
 	own := st.inflight["10.0.0.1:8000"]

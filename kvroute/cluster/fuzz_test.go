@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"testing"
+	"time"
 )
 
 // FuzzReceive feeds arbitrary bytes to the receive path as if they came from NATS.
@@ -26,10 +27,12 @@ func FuzzRecords(f *testing.F) {
 	peer, _ := newTestNode(f, cfg)
 	dec, _, _ := peer.encodeDecision("m", "u", textOf(3000), nil, nil)
 	f.Add(dec)
-	f.Add(appendBinding(nil, "m", "k", "u"))
+	f.Add(appendBinding(nil, "m", "k", "u", 1))
 	f.Add(appendFragment(nil, fragment{id: 1, index: 0, total: 2, chunk: dec[:10]}))
 	f.Add(appendSyncReq(nil, true, []seenSeq{{1, 2}}))
 	f.Add(appendLoad(nil, []peerCount{{"u", 5}}))
+	f.Add(appendBinding(appendOrigin(nil, 1), "m", "k", "u", 1))
+	f.Add(append(appendOrigin(nil, 1<<40), dec...))
 	f.Fuzz(func(t *testing.T, plain []byte) {
 		for _, kind := range []byte{kindData, kindSyncReq, kindSyncData} {
 			to := uint64(0)
@@ -37,6 +40,8 @@ func FuzzRecords(f *testing.F) {
 				to = n.id
 			}
 			n.receive(kind, sealTo(peer, to, kind, plain))
+			// The same records from a peer that predates version 2.
+			n.receive(kind, seal(nil, peer.aead, header{version: 1, kind: kind, sender: peer.id, seq: peer.seq.Add(1), nanos: time.Now().UnixNano(), to: to}, plain))
 		}
 		// Drain catch-up jobs a sync request queued: nothing serves them here.
 		for len(n.syncJobs) > 0 {

@@ -28,7 +28,7 @@ func (r *recorder) add(s string) {
 func (r *recorder) Decision(model, upstream, text string) {
 	r.add(fmt.Sprintf("decision %s %s %d:%s", model, upstream, len(text), short(text)))
 }
-func (r *recorder) Binding(model, sk, upstream string) {
+func (r *recorder) Binding(model, sk, upstream string, at time.Time) {
 	r.add(fmt.Sprintf("binding %s %s %s", model, sk, upstream))
 }
 func (r *recorder) Forget(sk string) { r.add("forget " + sk) }

@@ -8,6 +8,7 @@ const maxLogEntries = 1 << 20
 // logEntry is one record this node published, kept to replay to a peer that catches up.
 type logEntry struct {
 	seq        uint64 // of the message that carried it, so a peer asks only for what it missed
+	origin     uint64 // of the message that carried it exactly (seq may be a later one's)
 	rec        []byte // nil once dead (replaced binding, forgotten session)
 	model      string // bindings only
 	sessionKey string // bindings only
@@ -98,15 +99,21 @@ func (l *ownLog) reset() {
 	clear(l.bindings)
 }
 
+// logged is a record of the log with the message it was first published in.
+type logged struct {
+	origin uint64
+	rec    []byte
+}
+
 // since returns the live records published after seq, oldest first. The records are never
 // changed once stored, so the caller may read them without the lock.
-func (l *ownLog) since(seq uint64) [][]byte {
+func (l *ownLog) since(seq uint64) []logged {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	var out [][]byte
+	var out []logged
 	for _, e := range l.entries[l.head:] {
 		if e.rec != nil && e.seq > seq {
-			out = append(out, e.rec)
+			out = append(out, logged{e.origin, e.rec})
 		}
 	}
 	return out

@@ -12,14 +12,14 @@ func TestOwnLog(t *testing.T) {
 	l.add([]logEntry{{seq: 1, rec: rec('a', 100)}, {seq: 2, rec: rec('b', 100), model: "m", sessionKey: "s"}})
 	l.add([]logEntry{{seq: 3, rec: rec('c', 100), model: "m", sessionKey: "s"}, {seq: 3, rec: rec('d', 100), model: "m2", sessionKey: "s"}})
 	// The newer binding of (m, s) replaced the older.
-	if got := l.since(0); len(got) != 3 || got[1][0] != 'c' {
+	if got := l.since(0); len(got) != 3 || got[1].rec[0] != 'c' {
 		t.Fatalf("since(0): %d records", len(got))
 	}
 	if got := l.since(2); len(got) != 2 {
 		t.Errorf("since(2): %d records, want 2", len(got))
 	}
 	l.forget("s")
-	if got := l.since(0); len(got) != 1 || got[0][0] != 'a' {
+	if got := l.since(0); len(got) != 1 || got[0].rec[0] != 'a' {
 		t.Errorf("after forget: %d records", len(got))
 	}
 	// Bytes stay bounded: the oldest go first.

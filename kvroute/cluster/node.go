@@ -30,8 +30,12 @@ import (
 type Handler interface {
 	// Decision: a peer routed a request of model with this routing text to upstream.
 	Decision(model, upstream, text string)
-	// Binding: a peer bound the session whose SessionKey is sessionKey to upstream for model.
-	Binding(model, sessionKey, upstream string)
+	// Binding: a peer bound the session whose SessionKey is sessionKey to upstream for model,
+	// at time at by its clock (zero when unknown: a catch-up reply from a peer that predates
+	// binding times). Bindings of one session arrive in any order (live, and in catch-up
+	// replies from several peers): the Handler applies one only when BindingNewer says it
+	// replaces the one it holds, so that every replica ends on the same binding.
+	Binding(model, sessionKey, upstream string, at time.Time)
 	// Forget: an admin forgot the session whose SessionKey is sessionKey (all models).
 	Forget(sessionKey string)
 	// Reset: an admin dropped all trees and bindings.
@@ -66,6 +70,9 @@ type Node struct {
 	lostEarly   atomic.Bool       // a message was dropped before the first connection attempt
 
 	nc atomic.Pointer[nats.Conn]
+	// out, set by tests before the node runs, takes every sealed message instead of NATS
+	// (the message's buffer is reused after it returns).
+	out func(subject string, msg []byte)
 
 	rmu     sync.Mutex // receive side: peers, plain, closed
 	peers   map[uint64]*peer
@@ -92,6 +99,7 @@ type Node struct {
 type item struct {
 	kind    byte // recDecision, recBinding, recForget, recReset
 	a, b, c string
+	at      int64 // binding: when it was made, unix nanoseconds
 }
 
 type syncJob struct {
@@ -170,6 +178,7 @@ func newNode(cfg Config, h Handler, loads LoadSource, logger *slog.Logger) (*Nod
 		nats.ReconnectHandler(func(*nats.Conn) { n.connected("reconnected") }),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
 			n.st.disconnects.Add(1)
+			n.lostConnection()
 			n.log.Warn("cluster: NATS connection lost; routing on local knowledge until it is back", "error", err)
 		}),
 		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
@@ -341,12 +350,32 @@ type sessionDigest struct {
 // PublishDecision queues a decision for the peers; it never blocks (a full queue drops and
 // counts).
 func (n *Node) PublishDecision(model, upstream, text string) {
-	n.enqueue(item{recDecision, model, upstream, text}, len(text))
+	n.enqueue(item{kind: recDecision, a: model, b: upstream, c: text}, len(text))
 }
 
-// PublishBinding queues a session binding (sessionKey from SessionKey).
-func (n *Node) PublishBinding(model, sessionKey, upstream string) {
-	n.enqueue(item{recBinding, model, sessionKey, upstream}, 0)
+// PublishBinding queues a session binding (sessionKey from SessionKey) made at time at (the
+// time the local store keeps for it; zero means now).
+func (n *Node) PublishBinding(model, sessionKey, upstream string, at time.Time) {
+	if at.IsZero() {
+		at = time.Now()
+	}
+	n.enqueue(item{kind: recBinding, a: model, b: sessionKey, c: upstream, at: at.UnixNano()}, 0)
+}
+
+// BindingNewer reports whether a binding made at time at to upstream replaces one made at
+// heldAt to heldUpstream: the later wins, and of two made at the same nanosecond the greater
+// upstream, so that replicas that hear a session's bindings in different orders all keep the
+// same one. A binding of unknown time (zero) replaces none.
+func BindingNewer(at time.Time, upstream string, heldAt time.Time, heldUpstream string) bool {
+	switch {
+	case at.IsZero():
+		return false
+	case heldAt.IsZero():
+		return true
+	case !at.Equal(heldAt):
+		return at.After(heldAt)
+	}
+	return upstream > heldUpstream
 }
 
 // PublishForget queues an admin forget of a session (sessionKey from SessionKey).

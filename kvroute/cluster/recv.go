@@ -11,15 +11,24 @@ import (
 
 // windowBits is how far behind a peer's newest sequence number a message may arrive and still
 // be accepted once: the catch-up replies and the live batches of one peer are published by two
-// goroutines, so they may interleave.
-const windowBits = 1024
+// goroutines, so they may interleave. Within it, a record that arrives both live and in a
+// catch-up reply is also applied once (see covered): 4096 of a peer's messages are 20 s of
+// batches at the default flush_delay, far longer than a reply takes.
+const windowBits = 4096
 
 // peer is what this node knows of another replica. Guarded by Node.rmu.
 type peer struct {
-	id        uint64
-	aead      cipher.AEAD
-	maxSeq    uint64
-	window    [windowBits / 64]uint64 // bit seq%windowBits: seq seen, for seqs within the window
+	id     uint64
+	aead   cipher.AEAD
+	maxSeq uint64
+	window [windowBits / 64]uint64 // bit seq%windowBits: seq seen, for seqs within the window
+	// covered, same bits: the decisions and bindings first published in message seq were
+	// applied from a catch-up reply (its origin record named seq), so the live message, if it
+	// comes, applies only its other records.
+	covered [windowBits / 64]uint64
+	// firstSeq is the first sequence number accepted from the peer: what it published before
+	// was never heard live.
+	firstSeq  uint64
 	firstSeen time.Time
 	lastHeard time.Time
 	lag       time.Duration // receive time minus send time of the last message: delay plus skew
@@ -34,10 +43,16 @@ type peer struct {
 	// having lost anything before its first connection (then this node asks it). A live
 	// message, or a peer's request after a reconnect, says nothing of what it published
 	// before this node heard it.
-	synced   bool
-	tokens   float64
-	tokensAt time.Time
-	frag     struct {
+	synced bool
+	// resume, with resumeSet: the peer's maxSeq when this node lost its connection. Until
+	// the peer answers a catch-up request, the request asks from there: what the peer sent
+	// while this node was away is missing, even once newer live messages arrived after the
+	// reconnect (they arrive before the request goes out).
+	resume    uint64
+	resumeSet bool
+	tokens    float64
+	tokensAt  time.Time
+	frag      struct {
 		id, next, total uint64
 		buf             []byte
 	}
@@ -48,12 +63,17 @@ func (p *peer) accept(seq uint64) bool {
 	if seq == 0 {
 		return false
 	}
+	if p.firstSeq == 0 {
+		p.firstSeq = seq
+	}
 	if seq > p.maxSeq {
 		if seq-p.maxSeq >= windowBits {
 			p.window = [windowBits / 64]uint64{}
+			p.covered = [windowBits / 64]uint64{}
 		} else {
-			for s := p.maxSeq + 1; s < seq; s++ {
+			for s := p.maxSeq + 1; s <= seq; s++ {
 				p.window[(s%windowBits)/64] &^= 1 << (s % 64)
+				p.covered[(s%windowBits)/64] &^= 1 << (s % 64)
 			}
 		}
 		p.maxSeq = seq
@@ -68,6 +88,34 @@ func (p *peer) accept(seq uint64) bool {
 		return false
 	}
 	*w |= bit
+	return true
+}
+
+// isCovered reports whether the decisions and bindings of the message seq, just accepted, were
+// applied already from a catch-up reply.
+func (p *peer) isCovered(seq uint64) bool {
+	return p.maxSeq-seq < windowBits && p.covered[(seq%windowBits)/64]&(1<<(seq%64)) != 0
+}
+
+// takeOrigin reports whether the records a catch-up reply says were first published in the
+// peer's message seq are new here, and remembers that they were applied. Within the window the
+// answer is exact; before the first message heard from the peer they are new; between the two
+// (a reply more than windowBits messages late) they are taken as heard live, so that nothing
+// is applied twice.
+func (p *peer) takeOrigin(seq uint64) bool {
+	switch {
+	case seq > p.maxSeq:
+		// An origin is older than the reply that names it; a peer that says otherwise gets
+		// its records applied, as before origins existed.
+		return true
+	case p.maxSeq-seq >= windowBits:
+		return seq < p.firstSeq
+	}
+	w, bit := (seq%windowBits)/64, uint64(1)<<(seq%64)
+	if (p.window[w]|p.covered[w])&bit != 0 {
+		return false
+	}
+	p.covered[w] |= bit
 	return true
 }
 
@@ -94,7 +142,7 @@ func allowed(kind, typ byte) bool {
 	case kindSyncReq:
 		return typ == recSyncReq
 	case kindSyncData:
-		return typ == recDecision || typ == recBinding || typ == recFragment
+		return typ == recDecision || typ == recBinding || typ == recFragment || typ == recOrigin
 	}
 	return false
 }
@@ -162,12 +210,16 @@ func (n *Node) receive(kind byte, msg []byte) {
 		return
 	}
 	if kind == kindSyncData {
-		p.synced = true
+		p.synced, p.resumeSet = true, false
 	}
 	p.lastHeard, p.lag = now, now.Sub(sent)
 	p.messages++
 	p.bytes += uint64(len(msg))
-	if err := decodeRecords(plain, n.cfg.MaxText, func(r *record) { n.apply(p, kind, h, r, now, true) }); err != nil {
+	// A live message whose decisions and bindings a catch-up reply brought already applies
+	// only the rest (forget, reset, load); a reply's records are skipped from an origin on
+	// that names a message heard live.
+	sp := span{skip: kind == kindData && p.isCovered(h.seq)}
+	if err := decodeRecords(plain, h.version, n.cfg.MaxText, func(r *record) { n.apply(p, kind, h, r, now, &sp, true) }); err != nil {
 		// Authenticated but malformed: a peer with the secret and a bug, or another version.
 		n.reject(&n.st.rejectedMalformed, "malformed", err)
 	}
@@ -199,16 +251,28 @@ func (n *Node) addPeer(id uint64, aead cipher.AEAD, now time.Time) *peer {
 	return p
 }
 
+// span is the state of one record list while it is applied: whether its decisions and
+// bindings were applied already (a message heard both live and in a catch-up reply).
+type span struct{ skip bool }
+
 // apply hands one authenticated record to the Handler. top is false inside a reassembled
 // fragment, which may not hold fragments itself.
-func (n *Node) apply(p *peer, kind byte, h header, r *record, now time.Time, top bool) {
+func (n *Node) apply(p *peer, kind byte, h header, r *record, now time.Time, sp *span, top bool) {
 	if !allowed(kind, r.typ) || (!top && r.typ == recFragment) {
 		n.reject(&n.st.rejectedMalformed, "malformed", errors.New("record not allowed in this message kind"))
+		return
+	}
+	if r.typ == recOrigin {
+		sp.skip = !p.takeOrigin(r.origin)
 		return
 	}
 	p.records++
 	if kind == kindSyncData {
 		n.st.syncReceivedRecords.Add(1)
+	}
+	if sp.skip && (r.typ == recDecision || r.typ == recBinding) {
+		n.st.duplicates.Add(1)
+		return
 	}
 	switch r.typ {
 	case recDecision:
@@ -219,8 +283,22 @@ func (n *Node) apply(p *peer, kind byte, h header, r *record, now time.Time, top
 		n.st.decisionsReceived.Add(1)
 		n.h.Decision(r.model, r.upstream, text)
 	case recBinding:
+		var at time.Time
+		switch {
+		case r.at != 0:
+			at = time.Unix(0, r.at)
+		case kind == kindData:
+			// A version 1 peer's live binding went out within flush_delay of being made.
+			at = sentAt(h)
+		}
+		// The binding's time is bounded like its message's: a peer cannot make its binding
+		// win for longer than the replay window by dating it ahead.
+		if r.at != 0 && r.at-h.nanos > int64(n.cfg.ReplayWindow) {
+			n.reject(&n.st.rejectedStale, "stale", errors.New("binding time after its message's, beyond replay_window"))
+			return
+		}
 		n.st.bindingsReceived.Add(1)
-		n.h.Binding(r.model, r.sessionKey, r.upstream)
+		n.h.Binding(r.model, r.sessionKey, r.upstream, at)
 	case recForget:
 		n.own.forget(r.sessionKey)
 		n.h.Forget(r.sessionKey)
@@ -258,13 +336,17 @@ func (n *Node) apply(p *peer, kind byte, h header, r *record, now time.Time, top
 			n.st.droppedSync.Add(1)
 		}
 	case recFragment:
-		n.reassemble(p, kind, h, &r.frag, now)
+		n.reassemble(p, kind, h, &r.frag, now, *sp)
 	}
 }
 
+func sentAt(h header) time.Time { return time.Unix(0, h.nanos) }
+
 // reassemble collects a peer's fragments, which arrive in order on one connection, and applies
 // the record they make once complete. Memory is bounded by the largest record a peer may send.
-func (n *Node) reassemble(p *peer, kind byte, h header, f *fragment, now time.Time) {
+// The record applies as part of the message that completes it, so it starts from that
+// message's span.
+func (n *Node) reassemble(p *peer, kind byte, h header, f *fragment, now time.Time, sp span) {
 	a := &p.frag
 	drop := func() {
 		n.fragBytes -= len(a.buf)
@@ -302,7 +384,7 @@ func (n *Node) reassemble(p *peer, kind byte, h header, f *fragment, now time.Ti
 	}
 	buf := a.buf
 	drop()
-	if err := decodeRecords(buf, n.cfg.MaxText, func(r *record) { n.apply(p, kind, h, r, now, false) }); err != nil {
+	if err := decodeRecords(buf, h.version, n.cfg.MaxText, func(r *record) { n.apply(p, kind, h, r, now, &sp, false) }); err != nil {
 		n.reject(&n.st.rejectedMalformed, "malformed", err)
 	}
 }
@@ -344,6 +426,18 @@ func (n *Node) rebuildLoads(now time.Time) {
 		}
 	}
 	n.peerLoad.Store(&sum)
+}
+
+// lostConnection remembers, for every peer, what this node had heard when its connection
+// went, so that the catch-up request after the reconnect asks for what followed.
+func (n *Node) lostConnection() {
+	n.rmu.Lock()
+	defer n.rmu.Unlock()
+	for _, p := range n.peers {
+		if !p.resumeSet {
+			p.resume, p.resumeSet = p.maxSeq, true
+		}
+	}
 }
 
 // expire drops silent peers' loads and, once their messages could no longer pass the replay

@@ -15,7 +15,7 @@ func TestReceiveApplies(t *testing.T) {
 	dec, _, _ := peer.encodeDecision("llama", "10.0.0.1:8000", text, nil, nil)
 	var plain []byte
 	plain = append(plain, dec...)
-	plain = appendBinding(plain, "llama", peer.SessionKey("s1"), "10.0.0.2:8000")
+	plain = appendBinding(plain, "llama", peer.SessionKey("s1"), "10.0.0.2:8000", 1)
 	plain = appendLoad(plain, []peerCount{{"10.0.0.1:8000", 3}, {"10.0.0.2:8000", 4}})
 	n.receive(kindData, sealAs(peer, kindData, plain))
 	want := []string{

@@ -23,6 +23,7 @@ type packer struct {
 	cur     []byte
 	curSeq  uint64
 	lastSeq uint64 // seq of the message that holds (or will hold) the last record added
+	origin  uint64 // origin record in force in cur (addFrom)
 	out     []byte
 	sent    int // messages published
 }
@@ -54,6 +55,27 @@ func (p *packer) add(rec []byte) {
 	p.cur = append(p.cur, rec...)
 }
 
+// addFrom adds a catch-up record first published in the message origin, behind an origin
+// record: every message of a reply that holds records starts with one, and a record too large
+// for a message is fragmented with its origin record in front, so the receiver always knows
+// where a record came from.
+func (p *packer) addFrom(origin uint64, rec []byte) {
+	o := appendOrigin(nil, origin)
+	if len(o)+len(rec) > p.limit {
+		p.flush()
+		p.fragment(append(o, rec...))
+		return
+	}
+	if len(p.cur)+len(o)+len(rec) > p.limit {
+		p.flush()
+	}
+	if len(p.cur) == 0 || p.origin != origin {
+		p.add(o)
+		p.origin = origin
+	}
+	p.add(rec)
+}
+
 // fragment publishes rec in pieces; the receiver reassembles them in order.
 func (p *packer) fragment(rec []byte) {
 	chunk := p.limit - 16
@@ -79,9 +101,16 @@ func (p *packer) flush() {
 	}
 	p.send(p.curSeq, p.cur)
 	p.cur = p.cur[:0]
+	p.origin = 0
 }
 
 func (p *packer) send(seq uint64, plain []byte) {
+	if out := p.n.out; out != nil {
+		p.out = seal(p.out[:0], p.n.aead, header{kind: p.kind, sender: p.n.id, seq: seq, nanos: time.Now().UnixNano(), to: p.to}, plain)
+		out(p.subject, p.out)
+		p.sent++
+		return
+	}
 	nc := p.n.nc.Load()
 	if nc == nil {
 		// Not even a first connection attempt yet: what the peers miss, they get from the
@@ -173,7 +202,7 @@ func (n *Node) flusher() {
 			rec, zbuf, tbuf = n.encodeDecision(it.a, it.b, it.c, zbuf, tbuf)
 			pending = append(pending, logEntry{rec: rec})
 		case recBinding:
-			rec = appendBinding(nil, it.a, it.b, it.c)
+			rec = appendBinding(nil, it.a, it.b, it.c, it.at)
 			pending = append(pending, logEntry{rec: rec, model: it.a, sessionKey: it.b})
 		case recForget:
 			rec = appendForget(nil, it.b)
@@ -191,6 +220,9 @@ func (n *Node) flusher() {
 		for i := range pending {
 			if pending[i].seq == 0 {
 				pending[i].seq = p.lastSeq
+				// The message that carries it (the last fragment's, for a fragmented
+				// record), which a catch-up reply names so that a peer applies it once.
+				pending[i].origin = p.lastSeq
 			}
 		}
 	}
@@ -285,34 +317,42 @@ func (n *Node) syncServer() {
 		case <-n.done:
 			return
 		case job := <-n.syncJobs:
-			// A requester that asks twice before its first reply arrived (connect and
-			// reconnect callbacks close together) gets only what it was not sent yet.
-			since := max(job.since, n.served[job.to])
-			if len(n.served) >= n.cfg.MaxPeers {
-				clear(n.served)
+			if !n.serveSync(job) {
+				return
 			}
-			n.served[job.to] = n.seq.Load()
-			recs := n.own.since(since)
-			p := n.newPacker(kindSyncData, n.prefix+"to."+hexID(job.to))
-			p.to = job.to
-			if len(recs) == 0 {
-				// An empty reply still tells the requester it is in sync with this node.
-				p.send(n.seq.Add(1), nil)
-				continue
-			}
-			for _, r := range recs {
-				select {
-				case <-n.done:
-					return
-				default:
-				}
-				p.add(r)
-			}
-			p.flush()
-			n.st.syncServed.Add(1)
-			n.st.syncServedRecords.Add(uint64(len(recs)))
 		}
 	}
+}
+
+// serveSync answers one catch-up request; it returns false when the node is closing.
+func (n *Node) serveSync(job syncJob) bool {
+	// A requester that asks twice before its first reply arrived (connect and reconnect
+	// callbacks close together) gets only what it was not sent yet.
+	since := max(job.since, n.served[job.to])
+	if len(n.served) >= n.cfg.MaxPeers {
+		clear(n.served)
+	}
+	n.served[job.to] = n.seq.Load()
+	recs := n.own.since(since)
+	p := n.newPacker(kindSyncData, n.prefix+"to."+hexID(job.to))
+	p.to = job.to
+	if len(recs) == 0 {
+		// An empty reply still tells the requester it is in sync with this node.
+		p.send(n.seq.Add(1), nil)
+		return true
+	}
+	for _, r := range recs {
+		select {
+		case <-n.done:
+			return false
+		default:
+		}
+		p.addFrom(r.origin, r.rec)
+	}
+	p.flush()
+	n.st.syncServed.Add(1)
+	n.st.syncServedRecords.Add(uint64(len(recs)))
+	return true
 }
 
 // seen lists the peers whose history this node holds, with the last sequence number it has.
@@ -321,7 +361,10 @@ func (n *Node) seen() []seenSeq {
 	defer n.rmu.Unlock()
 	seen := make([]seenSeq, 0, len(n.peers))
 	for id, p := range n.peers {
-		if p.synced {
+		switch {
+		case p.synced && p.resumeSet:
+			seen = append(seen, seenSeq{id, p.resume})
+		case p.synced:
 			seen = append(seen, seenSeq{id, p.maxSeq})
 		}
 	}

@@ -26,7 +26,7 @@ func TestFlusherUnderLoad(t *testing.T) {
 	published := 0
 	for time.Now().Before(deadline) {
 		n.PublishDecision("m", "u", textOf(300))
-		n.PublishBinding("m", "k", "u")
+		n.PublishBinding("m", "k", "u", time.Time{})
 		n.LoadChanged()
 		published++
 		if published%64 == 0 {

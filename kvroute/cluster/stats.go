@@ -20,6 +20,7 @@ type counters struct {
 	syncRequests, syncServed, syncServedRecords atomic.Uint64
 	syncReceivedRecords                         atomic.Uint64
 	disconnects                                 atomic.Uint64
+	duplicates                                  atomic.Uint64
 }
 
 // Stats is a snapshot of a node's counters, for the admin API and metrics. Counters only grow.
@@ -35,6 +36,9 @@ type Stats struct {
 
 	DecisionsReceived uint64 `json:"decisions_received"` // applied through the Handler
 	BindingsReceived  uint64 `json:"bindings_received"`
+	// Duplicates: a peer's decisions and bindings heard twice, live and in a catch-up reply
+	// (after a NATS restart, say), and applied once.
+	Duplicates uint64 `json:"duplicates"`
 
 	// Dropped: items or messages lost on this side: the queue was full, nats.go's buffer was
 	// full or the connection closed, NATS dropped for a slow consumer, a peer went over
@@ -119,6 +123,7 @@ func (n *Node) Stats() Stats {
 		ReceivedBytes:       c.receivedBytes.Load(),
 		DecisionsReceived:   c.decisionsReceived.Load(),
 		BindingsReceived:    c.bindingsReceived.Load(),
+		Duplicates:          c.duplicates.Load(),
 		DroppedQueue:        c.droppedQueue.Load(),
 		DroppedPublish:      c.droppedPublish.Load(),
 		DroppedSlow:         c.droppedSlow.Load(),

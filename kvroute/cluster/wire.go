@@ -19,11 +19,19 @@ import (
 //
 // The key is derived from the secret, the fleet name and the sender id, and the nonce is the
 // sequence number, so a (key, nonce) pair never repeats without a sender reusing its random id.
+//
+// Version 2 added a binding's time to its record and the origin record of catch-up replies.
+// A node sends version 2 and reads both: a version 1 message (a peer not upgraded yet) is
+// decoded with version 1's records (see decodeRecords). A version 1 node drops a version 2
+// message as malformed, so during a rolling upgrade the old replicas route on what they know
+// alone, as with NATS down.
 const (
 	wireMagic   = 'k'
-	wireVersion = 1
-	headerLen   = 3 + 8 + 8 + 8
-	tagLen      = 16
+	wireVersion = 2
+	// wireVersionMin is the oldest version still read.
+	wireVersionMin = 1
+	headerLen      = 3 + 8 + 8 + 8
+	tagLen         = 16
 	// overhead is what a message adds to its records.
 	overhead = headerLen + tagLen
 	// maxMessage caps what is even looked at, whatever the server's max_payload.
@@ -46,6 +54,11 @@ const (
 	recLoad     = 5
 	recSyncReq  = 6
 	recFragment = 7
+	// recOrigin (version 2, catch-up replies only) says that the records after it, up to the
+	// next origin record or the end of the record list, were first published in the sender's
+	// message of that sequence number, so that a receiver that had that message live applies
+	// them once.
+	recOrigin = 8
 )
 
 // Text encodings inside a decision record.
@@ -102,10 +115,12 @@ func (k keys) aeadFor(sender uint64) (cipher.AEAD, error) {
 
 // header is a message's clear part, plus its recipient.
 type header struct {
-	kind   byte
-	sender uint64
-	seq    uint64
-	nanos  int64
+	// version is what the message was sealed as; seal writes wireVersion when it is 0.
+	version byte
+	kind    byte
+	sender  uint64
+	seq     uint64
+	nanos   int64
 	// to is the recipient of a catch-up reply (0 otherwise). It is not sent: the subject
 	// names it and both sides authenticate it, so that a reply captured on the wire cannot be
 	// replayed to another node.
@@ -129,7 +144,11 @@ func nonceOf(seq uint64) []byte {
 // seal appends the message of h and plain to dst.
 func seal(dst []byte, aead cipher.AEAD, h header, plain []byte) []byte {
 	start := len(dst)
-	dst = append(dst, wireMagic, wireVersion, h.kind)
+	v := h.version
+	if v == 0 {
+		v = wireVersion
+	}
+	dst = append(dst, wireMagic, v, h.kind)
 	dst = binary.BigEndian.AppendUint64(dst, h.sender)
 	dst = binary.BigEndian.AppendUint64(dst, h.seq)
 	dst = binary.BigEndian.AppendUint64(dst, uint64(h.nanos))
@@ -144,14 +163,15 @@ func parseHeader(msg []byte) (header, error) {
 	if len(msg) > maxMessage {
 		return header{}, fmt.Errorf("%d bytes: %w", len(msg), errMalformed)
 	}
-	if msg[0] != wireMagic || msg[1] != wireVersion {
+	if msg[0] != wireMagic || msg[1] < wireVersionMin || msg[1] > wireVersion {
 		return header{}, fmt.Errorf("magic or version: %w", errMalformed)
 	}
 	return header{
-		kind:   msg[2],
-		sender: binary.BigEndian.Uint64(msg[3:]),
-		seq:    binary.BigEndian.Uint64(msg[11:]),
-		nanos:  int64(binary.BigEndian.Uint64(msg[19:])),
+		version: msg[1],
+		kind:    msg[2],
+		sender:  binary.BigEndian.Uint64(msg[3:]),
+		seq:     binary.BigEndian.Uint64(msg[11:]),
+		nanos:   int64(binary.BigEndian.Uint64(msg[19:])),
 	}, nil
 }
 
@@ -270,14 +290,19 @@ type record struct {
 	model      string
 	upstream   string
 	sessionKey string
-	textEnc    byte
-	textLen    int // decoded length
-	text       []byte
-	loads      []peerCount
-	seen       []seenSeq
-	first      bool
-	lost       bool // sync request: the requester dropped what it published before connecting
-	frag       fragment
+	// at is when a binding was made, by the sender's clock, in unix nanoseconds (0 in a
+	// version 1 record: unknown).
+	at int64
+	// origin is an origin record's sequence number.
+	origin  uint64
+	textEnc byte
+	textLen int // decoded length
+	text    []byte
+	loads   []peerCount
+	seen    []seenSeq
+	first   bool
+	lost    bool // sync request: the requester dropped what it published before connecting
+	frag    fragment
 }
 
 type peerCount struct {
@@ -305,11 +330,19 @@ func appendDecision(b []byte, model, upstream string, enc byte, textLen int, tex
 	return append(b, text...)
 }
 
-func appendBinding(b []byte, model, sessionKey, upstream string) []byte {
+// appendBinding appends a version 2 binding record: at is when the binding was made (unix
+// nanoseconds, sender's clock).
+func appendBinding(b []byte, model, sessionKey, upstream string, at int64) []byte {
 	b = append(b, recBinding)
 	b = appendString(b, model)
 	b = appendString(b, sessionKey)
-	return appendString(b, upstream)
+	b = appendString(b, upstream)
+	return binary.AppendVarint(b, at)
+}
+
+// appendOrigin appends an origin record (catch-up replies only).
+func appendOrigin(b []byte, seq uint64) []byte {
+	return binary.AppendUvarint(append(b, recOrigin), seq)
 }
 
 func appendForget(b []byte, sessionKey string) []byte {
@@ -365,8 +398,9 @@ func appendFragment(b []byte, f fragment) []byte {
 
 // decodeRecords calls fn for every record of plain, in order, and stops at the first malformed
 // one (the records before it were authenticated, so applying them is safe). maxText bounds a
-// decision's decoded text.
-func decodeRecords(plain []byte, maxText int, fn func(*record)) error {
+// decision's decoded text; version is the message's (a version 1 binding has no time, a
+// version 1 message no origin record).
+func decodeRecords(plain []byte, version byte, maxText int, fn func(*record)) error {
 	r := reader{b: plain}
 	var rec record
 	for len(r.b) > 0 {
@@ -392,6 +426,20 @@ func decodeRecords(plain []byte, maxText int, fn func(*record)) error {
 			rec.model = r.str()
 			rec.sessionKey = r.str()
 			rec.upstream = r.str()
+			if version >= 2 {
+				rec.at = r.varint()
+				if r.err == nil && rec.at <= 0 {
+					r.fail(fmt.Errorf("binding time %d: %w", rec.at, errMalformed))
+				}
+			}
+		case recOrigin:
+			if version < 2 {
+				r.fail(fmt.Errorf("origin record in a version %d message: %w", version, errMalformed))
+			}
+			rec.origin = r.uvarint()
+			if r.err == nil && rec.origin == 0 {
+				r.fail(fmt.Errorf("origin 0: %w", errMalformed))
+			}
 		case recForget:
 			rec.sessionKey = r.str()
 		case recReset:

@@ -59,7 +59,7 @@ func TestSealOpen(t *testing.T) {
 		t.Fatal(err)
 	}
 	aead, _ := k.aeadFor(42)
-	h := header{kind: kindData, sender: 42, seq: 7, nanos: time.Now().UnixNano()}
+	h := header{version: wireVersion, kind: kindData, sender: 42, seq: 7, nanos: time.Now().UnixNano()}
 	plain := []byte("records go here")
 	msg := seal(nil, aead, h, plain)
 	if bytes.Contains(msg, plain) {
@@ -101,14 +101,15 @@ func TestSealOpen(t *testing.T) {
 func TestRecordsRoundTrip(t *testing.T) {
 	var b []byte
 	b = appendDecision(b, "llama", "10.0.0.1:8000", textRaw, 5, []byte("hello"))
-	b = appendBinding(b, "llama", "abcd", "10.0.0.2:8000")
+	b = appendBinding(b, "llama", "abcd", "10.0.0.2:8000", 1234567890)
+	b = appendOrigin(b, 77)
 	b = appendForget(b, "abcd")
 	b = appendReset(b)
 	b = appendLoad(b, []peerCount{{"10.0.0.1:8000", 3}, {"10.0.0.2:8000", 0}})
 	b = appendSyncReq(b, true, []seenSeq{{1, 2}, {3, 4}})
 	b = appendFragment(b, fragment{id: 9, index: 1, total: 3, chunk: []byte("xyz")})
 	var got []record
-	if err := decodeRecords(b, 1<<20, func(r *record) {
+	if err := decodeRecords(b, wireVersion, 1<<20, func(r *record) {
 		c := *r
 		c.text = bytes.Clone(r.text)
 		c.frag.chunk = bytes.Clone(r.frag.chunk)
@@ -118,7 +119,8 @@ func TestRecordsRoundTrip(t *testing.T) {
 	}
 	want := []record{
 		{typ: recDecision, model: "llama", upstream: "10.0.0.1:8000", textEnc: textRaw, textLen: 5, text: []byte("hello")},
-		{typ: recBinding, model: "llama", sessionKey: "abcd", upstream: "10.0.0.2:8000"},
+		{typ: recBinding, model: "llama", sessionKey: "abcd", upstream: "10.0.0.2:8000", at: 1234567890},
+		{typ: recOrigin, origin: 77},
 		{typ: recForget, sessionKey: "abcd"},
 		{typ: recReset},
 		{typ: recLoad, loads: []peerCount{{"10.0.0.1:8000", 3}, {"10.0.0.2:8000", 0}}},
@@ -131,7 +133,7 @@ func TestRecordsRoundTrip(t *testing.T) {
 	// Every strict prefix either decodes fewer records or fails; none panics or invents one.
 	for i := 0; i < len(b); i++ {
 		count := 0
-		err := decodeRecords(b[:i], 1<<20, func(*record) { count++ })
+		err := decodeRecords(b[:i], wireVersion, 1<<20, func(*record) { count++ })
 		if err == nil && count >= len(want) {
 			t.Fatalf("prefix %d of %d decoded %d records", i, len(b), count)
 		}
@@ -140,32 +142,32 @@ func TestRecordsRoundTrip(t *testing.T) {
 
 func TestDecodeBounds(t *testing.T) {
 	huge := appendDecision(nil, "m", "u", textS2, 1<<30, []byte("x"))
-	if err := decodeRecords(huge, 1<<20, func(*record) { t.Fatal("applied a 1 GiB text") }); !errors.Is(err, errMalformed) {
+	if err := decodeRecords(huge, wireVersion, 1<<20, func(*record) { t.Fatal("applied a 1 GiB text") }); !errors.Is(err, errMalformed) {
 		t.Errorf("declared 1 GiB text: %v", err)
 	}
-	long := appendBinding(nil, strings.Repeat("m", maxField+1), "k", "u")
-	if err := decodeRecords(long, 1<<20, func(*record) { t.Fatal("applied") }); !errors.Is(err, errMalformed) {
+	long := appendBinding(nil, strings.Repeat("m", maxField+1), "k", "u", 1)
+	if err := decodeRecords(long, wireVersion, 1<<20, func(*record) { t.Fatal("applied") }); !errors.Is(err, errMalformed) {
 		t.Errorf("long model: %v", err)
 	}
-	bad := appendBinding(nil, "\xff\xfe", "k", "u")
-	if err := decodeRecords(bad, 1<<20, func(*record) { t.Fatal("applied") }); !errors.Is(err, errMalformed) {
+	bad := appendBinding(nil, "\xff\xfe", "k", "u", 1)
+	if err := decodeRecords(bad, wireVersion, 1<<20, func(*record) { t.Fatal("applied") }); !errors.Is(err, errMalformed) {
 		t.Errorf("invalid UTF-8: %v", err)
 	}
 	// A load record claiming more upstreams than allowed, or a sync request claiming more
 	// entries than its bytes hold, is refused before anything is allocated for it.
 	lie := []byte{recLoad, 0xff, 0xff, 0xff, 0x7f}
-	if err := decodeRecords(lie, 1<<20, func(*record) { t.Fatal("applied") }); err == nil {
+	if err := decodeRecords(lie, wireVersion, 1<<20, func(*record) { t.Fatal("applied") }); err == nil {
 		t.Error("load record with 2^28 entries accepted")
 	}
 	lie = []byte{recSyncReq, 0, 0xff, 0xff, 0xff, 0x7f}
-	if err := decodeRecords(lie, 1<<20, func(*record) { t.Fatal("applied") }); err == nil {
+	if err := decodeRecords(lie, wireVersion, 1<<20, func(*record) { t.Fatal("applied") }); err == nil {
 		t.Error("sync request with 2^28 entries accepted")
 	}
 	neg := appendLoad(nil, []peerCount{{"u", -1}})
-	if err := decodeRecords(neg, 1<<20, func(*record) { t.Fatal("applied") }); err == nil {
+	if err := decodeRecords(neg, wireVersion, 1<<20, func(*record) { t.Fatal("applied") }); err == nil {
 		t.Error("negative load accepted")
 	}
-	if err := decodeRecords([]byte{99}, 1<<20, func(*record) { t.Fatal("applied") }); err == nil {
+	if err := decodeRecords([]byte{99}, wireVersion, 1<<20, func(*record) { t.Fatal("applied") }); err == nil {
 		t.Error("unknown record type accepted")
 	}
 }
@@ -179,7 +181,7 @@ func TestReplayWindowAccept(t *testing.T) {
 		{0, false}, {1, true}, {1, false}, {3, true}, {2, true}, {2, false}, {3, false},
 		{1000, true}, {999, true}, {4, true}, {4, false},
 		{1000 + windowBits, true}, {1000, false}, // fell out of the window
-		{1000 + windowBits - 1, true}, {5000, true}, {5000 - windowBits + 1, true}, {5000 - windowBits, false},
+		{1000 + windowBits - 1, true}, {5 * windowBits, true}, {4*windowBits + 1, true}, {4 * windowBits, false},
 	}
 	for i, s := range steps {
 		if got := p.accept(s.seq); got != s.want {

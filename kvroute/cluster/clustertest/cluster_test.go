@@ -20,7 +20,7 @@ func TestExchange(t *testing.T) {
 	connected(t, a, b, c)
 	a.PublishDecision("llama", "10.0.0.1:8000", "system: be brief\nuser: hello")
 	b.PublishDecision("qwen", "10.0.0.2:8000", strings.Repeat("long prompt ", 5000))
-	a.PublishBinding("llama", a.SessionKey("conv-1"), "10.0.0.1:8000")
+	a.PublishBinding("llama", a.SessionKey("conv-1"), "10.0.0.1:8000", time.Now())
 	a.loads.set(map[string]int64{"10.0.0.1:8000": 3, "10.0.0.2:8000": 1})
 	b.loads.set(map[string]int64{"10.0.0.1:8000": 2})
 	a.LoadChanged()
@@ -80,7 +80,7 @@ func TestWrongSecret(t *testing.T) {
 	connected(t, a, x)
 	for i := 0; i < 20; i++ {
 		x.PublishDecision("llama", "10.0.0.9:8000", fmt.Sprintf("poison %d", i))
-		x.PublishBinding("llama", a.SessionKey("victim"), "10.0.0.9:8000")
+		x.PublishBinding("llama", a.SessionKey("victim"), "10.0.0.9:8000", time.Now())
 	}
 	x.PublishReset()
 	x.loads.set(map[string]int64{"10.0.0.1:8000": 1000})
@@ -166,6 +166,25 @@ func TestNATSRestart(t *testing.T) {
 	if st := a.Stats(); st.DroppedQueue+st.DroppedPublish > 200 {
 		t.Errorf("%d of 2,000 decisions dropped during the outage", st.DroppedQueue+st.DroppedPublish)
 	}
+	// ... and at most once: b hears the outage's batches live (nats.go's reconnect buffer) and
+	// in a's reply to the catch-up request it sent on reconnecting, which covers the same
+	// messages. Let any late reply land first.
+	time.Sleep(500 * time.Millisecond)
+	b.st.mu.Lock()
+	count := map[string]int{}
+	for _, d := range b.st.decisions {
+		count[d.text]++
+	}
+	b.st.mu.Unlock()
+	twice := 0
+	for _, c := range count {
+		twice += c - 1
+	}
+	bs := b.Stats()
+	t.Logf("b: %d decisions applied, %d distinct, %d duplicates skipped, %d catch-up records", bs.DecisionsReceived, len(count), bs.Duplicates, bs.SyncReceivedRecords)
+	if twice != 0 {
+		t.Errorf("%d decisions applied twice after the NATS restart", twice)
+	}
 	if a.Stats().Disconnects == 0 {
 		t.Error("no disconnect counted")
 	}
@@ -179,10 +198,10 @@ func TestLateJoiner(t *testing.T) {
 		a.PublishDecision("m", "u1", fmt.Sprintf("a's conversation %d", i))
 		b.PublishDecision("m", "u2", fmt.Sprintf("b's conversation %d", i))
 	}
-	a.PublishBinding("m", a.SessionKey("s1"), "u1")
-	a.PublishBinding("m", a.SessionKey("s1"), "u3") // the newer binding is the one replayed
-	b.PublishBinding("m", b.SessionKey("s2"), "u2")
-	b.PublishBinding("m", b.SessionKey("s3"), "u2")
+	a.PublishBinding("m", a.SessionKey("s1"), "u1", time.Now())
+	a.PublishBinding("m", a.SessionKey("s1"), "u3", time.Now()) // the newer binding is the one replayed
+	b.PublishBinding("m", b.SessionKey("s2"), "u2", time.Now())
+	b.PublishBinding("m", b.SessionKey("s3"), "u2", time.Now())
 	b.PublishForget(b.SessionKey("s3"))
 	eventually(t, 3*time.Second, "a and b exchanged", func() bool { return a.st.numDecisions() == 300 && b.st.numDecisions() == 300 })
 

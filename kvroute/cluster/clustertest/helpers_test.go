@@ -18,23 +18,31 @@ const secret = "integration-test-secret-0123456789"
 type state struct {
 	mu        sync.Mutex
 	decisions []decision
-	bindings  map[string]string // model + " " + session key → upstream
+	bindings  map[string]string    // model + " " + session key → upstream
+	boundAt   map[string]time.Time // and when it was made
 	forgets   []string
 	resets    int
 }
 
 type decision struct{ model, upstream, text string }
 
-func newState() *state { return &state{bindings: map[string]string{}} }
+func newState() *state {
+	return &state{bindings: map[string]string{}, boundAt: map[string]time.Time{}}
+}
 
 func (s *state) Decision(model, upstream, text string) {
 	s.mu.Lock()
 	s.decisions = append(s.decisions, decision{model, upstream, text})
 	s.mu.Unlock()
 }
-func (s *state) Binding(model, sk, upstream string) {
+
+// Binding keeps the newest binding of a session, as the session store does.
+func (s *state) Binding(model, sk, upstream string, at time.Time) {
 	s.mu.Lock()
-	s.bindings[model+" "+sk] = upstream
+	k := model + " " + sk
+	if held, ok := s.bindings[k]; !ok || cluster.BindingNewer(at, upstream, s.boundAt[k], held) {
+		s.bindings[k], s.boundAt[k] = upstream, at
+	}
 	s.mu.Unlock()
 }
 func (s *state) Forget(sk string) {
@@ -120,9 +128,11 @@ type proxy struct {
 	ln     net.Listener
 	target string
 	paused atomic.Bool
-	wg     sync.WaitGroup
-	mu     sync.Mutex
-	conns  []net.Conn
+	// upDelay holds what the client sends for this long (nanoseconds) before forwarding it.
+	upDelay atomic.Int64
+	wg      sync.WaitGroup
+	mu      sync.Mutex
+	conns   []net.Conn
 }
 
 func startProxy(t testing.TB, target string) *proxy { return startProxyOn(t, "127.0.0.1:0", target) }
@@ -151,21 +161,25 @@ func startProxyOn(t testing.TB, addr, target string) *proxy {
 			p.conns = append(p.conns, c, s)
 			p.mu.Unlock()
 			p.wg.Add(2)
-			go p.pipe(c, s)
-			go p.pipe(s, c)
+			go p.pipe(c, s, false)
+			go p.pipe(s, c, true)
 		}
 	}()
 	t.Cleanup(p.close)
 	return p
 }
 
-func (p *proxy) pipe(dst, src net.Conn) {
+// pipe copies src to dst; up is the client-to-server direction, which upDelay slows.
+func (p *proxy) pipe(dst, src net.Conn, up bool) {
 	defer p.wg.Done()
 	buf := make([]byte, 32<<10)
 	for {
 		n, err := src.Read(buf)
 		for p.paused.Load() {
 			time.Sleep(5 * time.Millisecond)
+		}
+		if d := time.Duration(p.upDelay.Load()); up && d > 0 {
+			time.Sleep(d)
 		}
 		if n > 0 {
 			if _, werr := dst.Write(buf[:n]); werr != nil {
@@ -192,4 +206,15 @@ func (p *proxy) close() {
 	}
 	p.mu.Unlock()
 	p.wg.Wait()
+}
+
+// cut closes the connections through the proxy, as a network blip would; the listener stays,
+// so that clients reconnect through it.
+func (p *proxy) cut() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, c := range p.conns {
+		c.Close()
+	}
+	p.conns = nil
 }

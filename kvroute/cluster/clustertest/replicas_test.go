@@ -186,6 +186,18 @@ func (r *replica) status() status {
 	return st
 }
 
+// rawStatus returns r's GET /kvroute/ as it is.
+func (r *replica) rawStatus() string {
+	r.t.Helper()
+	resp, err := http.Get("http://" + r.admin + "/kvroute/")
+	if err != nil {
+		r.t.Fatalf("%s: GET /kvroute/: %v", r.name, err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return string(b)
+}
+
 // metrics returns r's Prometheus exposition.
 func (r *replica) metrics() string {
 	r.t.Helper()
@@ -399,7 +411,7 @@ func TestReplicasShareWhatTheyLearn(t *testing.T) {
 	d.stop()
 	// Prometheus shows the same.
 	metrics := a.metrics()
-	for _, want := range []string{"caddy_kvroute_cluster_peers 2", "caddy_kvroute_cluster_connected 1", `caddy_kvroute_cluster_rejected_total{reason="auth"}`, `caddy_kvroute_cluster_applied_total{kind="decision"}`} {
+	for _, want := range []string{"caddy_kvroute_cluster_peers 2", "caddy_kvroute_cluster_connected 1", `caddy_kvroute_cluster_rejected_total{reason="auth"}`, `caddy_kvroute_cluster_applied_total{kind="decision"}`, "caddy_kvroute_cluster_duplicates_total "} {
 		if !strings.Contains(metrics, want) {
 			t.Errorf("A's /metrics lacks %q", want)
 		}
@@ -436,6 +448,15 @@ func TestReplicasShareWhatTheyLearn(t *testing.T) {
 			}
 			cv.turn(t, r, peers, fmt.Sprintf("after NATS restart, conversation %d turn %d", i, turn+1))
 		}
+	}
+	// GET /kvroute/ shows what was heard twice (live and in a catch-up reply) and applied once.
+	for _, r := range []*replica{a, b, c} {
+		st := r.status().Cluster
+		t.Logf("%s after the NATS restart: %d decisions and %d bindings applied, %d duplicates skipped, %d catch-up records",
+			r.name, st.DecisionsReceived, st.BindingsReceived, st.Duplicates, st.SyncReceivedRecords)
+	}
+	if !strings.Contains(a.rawStatus(), `"duplicates":`) {
+		t.Error("GET /kvroute/ has no cluster duplicates counter")
 	}
 }
 
