@@ -220,11 +220,15 @@ func readTrees(client *http.Client, admin int) (trees, error) {
 // report prints the late replica's catch-up and its hit ratio against the others' from the
 // moment it caught up (or, if it served nothing before, from its first request).
 func (j lateJoin) report(recs []replay.Record) string {
-	first := time.Duration(-1)
+	first, early := time.Duration(-1), 0
 	for _, r := range recs {
 		if r.Replica == j.Addr {
-			if t := time.Duration(r.StartMs * float64(time.Millisecond)); first < 0 || t < first {
+			t := time.Duration(r.StartMs * float64(time.Millisecond))
+			if first < 0 || t < first {
 				first = t
+			}
+			if j.Caught && t < j.CaughtUp.At {
+				early++
 			}
 		}
 	}
@@ -246,8 +250,8 @@ func (j lateJoin) report(recs []replay.Record) string {
 	if others.ratio() > 0 {
 		rel = late.ratio() / others.ratio()
 	}
-	out += fmt.Sprintf(";\n  first request through it at %v; from %v on: its hit ratio %.3f over %d requests, the others' %.3f over %d (%.2f×), %d failed",
-		first.Round(time.Millisecond), from.Round(time.Millisecond), late.ratio(), late.Requests, others.ratio(), others.Requests, rel, failed)
+	out += fmt.Sprintf(";\n  first request through it at %v (%d before the reading that found it caught up); from %v on: its hit ratio %.3f over %d requests, the others' %.3f over %d (%.2f×), %d failed",
+		first.Round(time.Millisecond), early, from.Round(time.Millisecond), late.ratio(), late.Requests, others.ratio(), others.Requests, rel, failed)
 	// The same split for every replica, the late one's included: how far one replica's
 	// share of the requests strays from the rest by chance alone.
 	out += "\n  each replica against the others over that window:"

@@ -23,7 +23,9 @@ import (
 // would), and kv_cache_aware three ways: one replica behind the same front, N replicas each
 // alone, and N replicas sharing what they learn over NATS (`cluster`). The NATS server is the
 // nats-server binary (-nats-server; ./xcaddy.sh demo installs it with go install): importing
-// it would bring its requirements into this module.
+// it would bring its requirements into this module. -nats-outage and -late-replica add a
+// cluster run with a fault mid-run: NATS stopped for a while, or the last replica started late
+// (late.go).
 
 // expandReplicas returns the policies as -replicas runs them; with outage, kv_cache_aware also
 // runs with the cluster's NATS stopped mid-run, with late with its last replica started
