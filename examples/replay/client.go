@@ -19,6 +19,10 @@ import (
 )
 
 // usage is the usage object of an OpenAI response (vLLM reports cached tokens in it).
+// HeaderReplica is the response header in which a front proxy names the replica (the router)
+// that served a request, as the demo's -replicas front sets it; kept in Record.Replica.
+const HeaderReplica = "X-Kvroute-Replica"
+
 type usage struct {
 	PromptTokens        int `json:"prompt_tokens"`
 	CompletionTokens    int `json:"completion_tokens"`
@@ -66,6 +70,7 @@ func (r *runner) do(ctx context.Context, rec *Record, c workload.Call, body []by
 	}()
 	rec.Status = resp.StatusCode
 	rec.Worker = resp.Header.Get(llmsim.HeaderWorker)
+	rec.Replica = resp.Header.Get(HeaderReplica)
 	if resp.StatusCode < 200 || resp.StatusCode > 299 {
 		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 300))
 		rec.Error = fmt.Sprintf("HTTP %d: %s", resp.StatusCode, strings.TrimSpace(string(msg)))

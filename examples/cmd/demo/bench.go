@@ -54,9 +54,26 @@ func (b *bench) runOnce(ctx context.Context, p policy) (*replay.Result, error) {
 		defer cancel()
 		outage = g.outage(octx, b.cfg.outageAt, b.cfg.outage)
 	}
+	var late <-chan lateResult
+	if p.Late {
+		opts.KeepRecords = true // for the late replica's hit ratio against the others'
+		lctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		late = g.startLate(lctx, b, time.Now(), b.cfg.late)
+	}
 	side := startSideLoad(ctx, b.fleet.Addrs()[0], b.cfg.sideLoad)
 	res, err := replay.Run(ctx, b.workload, opts)
 	side.stop()
+	if late != nil {
+		// The replay may end before the replica starts or catches up: it then reports so.
+		lr := <-late
+		if lr.err != nil && err == nil {
+			err = lr.err
+		}
+		if err == nil {
+			fmt.Printf("\n  %s\n  ", lr.join.report(res.Records))
+		}
+	}
 	if b.cfg.sideLoad > 0 {
 		fmt.Printf("(side load on %s: %d requests, %d failed) ", b.fleet.Addrs()[0], side.sent.Load(), side.failed.Load())
 	}
@@ -92,15 +109,18 @@ func (b *bench) runOnce(ctx context.Context, p policy) (*replay.Result, error) {
 
 // startCaddy starts Caddy in front of the fleet with policy p.
 func (b *bench) startCaddy(ctx context.Context, p policy) (*caddyProcess, error) {
-	c, _, err := b.startCaddyPorts(ctx, p)
+	c, _, err := b.startCaddyPorts(ctx, p, nil)
 	return c, err
 }
 
-// startCaddyPorts is startCaddy, also returning Caddy's admin port.
-func (b *bench) startCaddyPorts(ctx context.Context, p policy) (*caddyProcess, int, error) {
-	ports, err := freePorts(2)
-	if err != nil {
-		return nil, 0, err
+// startCaddyPorts is startCaddy on the given admin and listen ports (nil: free ones), also
+// returning Caddy's admin port.
+func (b *bench) startCaddyPorts(ctx context.Context, p policy, ports []int) (*caddyProcess, int, error) {
+	if ports == nil {
+		var err error
+		if ports, err = freePorts(2); err != nil {
+			return nil, 0, err
+		}
 	}
 	if p.Module == "kv_cache_aware" && b.cfg.kvCapacity {
 		f := b.fleet

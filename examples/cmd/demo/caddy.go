@@ -12,6 +12,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/kvroute/caddy-kvroute/examples/replay"
 )
 
 // caddyBinary is the Caddy executable given by -caddy, with the modules it was built with.
@@ -53,8 +55,13 @@ type site struct {
 	// overhead baseline); otherwise requests the matcher matches take the policy and the
 	// others (/health, /v1/models) a plain reverse_proxy.
 	NoMatcher bool
-	// Front is the -replicas front: it leaves the worker header as the replica set it.
+	// Front is the -replicas front: it leaves the worker header as the replica set it and
+	// names the replica it dialed in replicaHeader.
 	Front bool
+	// Retry (fronts, -late-replica): a request whose dial fails (a replica not yet listening)
+	// is retried at once on the next replica, and the one that failed is skipped for a
+	// second (passive health), so that a listed replica that is not up yet fails no request.
+	Retry bool
 }
 
 // workerHeader is the response header that names the upstream that served a request. Caddy
@@ -62,6 +69,10 @@ type site struct {
 // whatever the fleet (llm-d's simulator sets no such header; ours sets its own name, which
 // this replaces).
 const workerHeader = "X-Kvsim-Worker"
+
+// replicaHeader is the response header in which the -replicas front names the replica that
+// routed a request (replay.Record.Replica).
+const replicaHeader = replay.HeaderReplica
 
 // caddyfile renders the site's Caddyfile.
 func (s site) caddyfile() string {
@@ -85,8 +96,13 @@ func (s site) caddyfile() string {
 		b.WriteString("\t\t}")
 	}
 	b.WriteString("\n")
-	if !s.Front {
+	if s.Front {
+		fmt.Fprintf(&b, "\t\theader_down %s {http.reverse_proxy.upstream.hostport}\n", replicaHeader)
+	} else {
 		fmt.Fprintf(&b, "\t\theader_down %s {http.reverse_proxy.upstream.hostport}\n", workerHeader)
+	}
+	if s.Retry {
+		b.WriteString("\t\tlb_retries 2\n\t\tfail_duration 1s\n")
 	}
 	b.WriteString("\t}\n")
 	if !s.NoMatcher {

@@ -66,6 +66,7 @@ type config struct {
 	natsServer string // nats-server binary for -replicas' cluster
 	outage     time.Duration
 	outageAt   time.Duration
+	late       time.Duration // -late-replica: 0 off
 
 	jsonPath string
 	report   string
@@ -117,6 +118,7 @@ func parseFlags(args []string) (*config, error) {
 	fs.StringVar(&cfg.natsServer, "nats-server", "", "replicas: the nats-server binary (./xcaddy.sh demo installs it when -replicas is given)")
 	fs.DurationVar(&cfg.outage, "nats-outage", 0, "replicas: also run kv_cache_aware with the cluster's NATS stopped for this long mid-run (0: not)")
 	fs.DurationVar(&cfg.outageAt, "nats-outage-at", 3*time.Second, "replicas: when, after the replay starts, NATS is stopped")
+	fs.DurationVar(&cfg.late, "late-replica", 0, "replicas: also run kv_cache_aware with the cluster and the last replica started this long after the replay starts (the front lists it from the start and skips it until it listens); prints its catch-up time and its hit ratio against the others' (0: not)")
 	fs.StringVar(&cfg.jsonPath, "json", "", "write machine-readable results to this file")
 	fs.StringVar(&cfg.report, "report", "demo-report.html", "write the HTML report to this file (empty: none)")
 	fs.StringVar(&cfg.llmdBin, "llmd-bin", "", "llmd fleet: llm-d-inference-sim binary (default: examples/llmdsim/bin/llm-d-inference-sim, built when missing)")
@@ -156,6 +158,9 @@ func (c *config) finish() error {
 	}
 	if c.replicas < 0 {
 		return errors.New("-replicas must be 0 (off) or more")
+	}
+	if c.late < 0 || (c.late > 0 && c.replicas < 2) {
+		return errors.New("-late-replica needs -replicas 2 or more")
 	}
 	if c.overheadClients < 1 || c.overheadRounds < 1 || c.overheadDuration <= 0 {
 		return errors.New("-overhead-clients, -overhead-rounds and -overhead-duration must be positive")

@@ -60,7 +60,7 @@ func run(ctx context.Context, cfg *config) error {
 		return err
 	}
 	if cfg.replicas > 0 {
-		policies = expandReplicas(policies, cfg.replicas, cfg.outage > 0)
+		policies = expandReplicas(policies, cfg.replicas, cfg.outage > 0, cfg.late > 0)
 	}
 	for _, n := range notes {
 		fmt.Println("note:", n)

@@ -25,6 +25,7 @@ type policy struct {
 	Replicas int
 	Cluster  bool
 	Outage   bool // -nats-outage: NATS is stopped mid-run and started again
+	Late     bool // -late-replica: the last replica starts mid-run
 	Suffix   string
 }
 

@@ -23,11 +23,14 @@ import (
 // would), and kv_cache_aware three ways: one replica behind the same front, N replicas each
 // alone, and N replicas sharing what they learn over NATS (`cluster`). The NATS server is the
 // nats-server binary (-nats-server; ./xcaddy.sh demo installs it with go install): importing
-// it would bring its requirements into this module.
+// it would bring its requirements into this module. -nats-outage and -late-replica add a
+// cluster run with a fault mid-run: NATS stopped for a while, or the last replica started late
+// (late.go).
 
 // expandReplicas returns the policies as -replicas runs them; with outage, kv_cache_aware also
-// runs with the cluster's NATS stopped mid-run.
-func expandReplicas(policies []policy, n int, outage bool) []policy {
+// runs with the cluster's NATS stopped mid-run, with late with its last replica started
+// mid-run.
+func expandReplicas(policies []policy, n int, outage, late bool) []policy {
 	var out []policy
 	for _, p := range policies {
 		if p.Module == "kv_cache_aware" {
@@ -41,6 +44,11 @@ func expandReplicas(policies []policy, n int, outage bool) []policy {
 				down := shared
 				down.Outage, down.Suffix, down.Name = true, fmt.Sprintf(" ×%d +cluster, NATS down mid-run", n), shared.Name+"+outage"
 				out = append(out, down)
+			}
+			if late {
+				l := shared
+				l.Late, l.Suffix, l.Name = true, fmt.Sprintf(" ×%d +cluster, last replica late", n), shared.Name+"+late"
+				out = append(out, l)
 			}
 			continue
 		}
@@ -59,6 +67,11 @@ type group struct {
 	natsDone chan struct{}
 	natsBin  string
 	natsPort int
+
+	// -late-replica: the policy the replicas run (cluster line included) and the admin and
+	// listen ports of the last replica, listed by the front but not started yet.
+	policy    policy
+	latePorts []int
 }
 
 // startGroup starts p's replicas (and NATS for a cluster), then the front.
@@ -78,9 +91,17 @@ func (b *bench) startGroup(ctx context.Context, p policy) (g *group, err error) 
 		_, _ = rand.Read(secret)
 		p.Block = append(p.Block[:len(p.Block):len(p.Block)], fmt.Sprintf("cluster %s {\n\t\t\t\tname demo\n\t\t\t\tsecret %s\n\t\t\t}", url, hex.EncodeToString(secret)))
 	}
+	g.policy = p
 	var addrs []string
-	for range p.Replicas {
-		c, admin, err := b.startCaddyPorts(ctx, p)
+	for i := range p.Replicas {
+		if p.Late && i == p.Replicas-1 {
+			if g.latePorts, err = freePorts(2); err != nil {
+				return nil, err
+			}
+			addrs = append(addrs, "127.0.0.1:"+strconv.Itoa(g.latePorts[1]))
+			break
+		}
+		c, admin, err := b.startCaddyPorts(ctx, p, nil)
 		if err != nil {
 			return nil, err
 		}
@@ -92,7 +113,7 @@ func (b *bench) startGroup(ctx context.Context, p policy) (g *group, err error) 
 	if err != nil {
 		return nil, err
 	}
-	front := site{AdminPort: ports[0], Port: ports[1], Upstreams: addrs, Policy: policy{Module: "round_robin"}, NoMatcher: true, Front: true}
+	front := site{AdminPort: ports[0], Port: ports[1], Upstreams: addrs, Policy: policy{Module: "round_robin"}, NoMatcher: true, Front: true, Retry: p.Late}
 	if g.front, err = startCaddy(ctx, b.bin, front, b.cfg.verbose); err != nil {
 		return nil, err
 	}

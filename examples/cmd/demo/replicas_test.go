@@ -6,7 +6,7 @@ import (
 )
 
 func TestExpandReplicas(t *testing.T) {
-	got := expandReplicas(allPolicies(nil)[:4], 3, false)
+	got := expandReplicas(allPolicies(nil)[:4], 3, false, false)
 	var titles []string
 	for _, p := range got {
 		titles = append(titles, p.title())
@@ -30,12 +30,19 @@ func TestExpandReplicas(t *testing.T) {
 	}
 }
 
-// The front leaves the worker header as the replica set it: per-worker counts come from it.
+// The front leaves the worker header as the replica set it (per-worker counts come from it) and
+// names the replica in its own header; with Retry it retries a failed dial elsewhere.
 func TestFrontKeepsWorkerHeader(t *testing.T) {
 	front := site{AdminPort: 2999, Port: 8080, Upstreams: []string{"127.0.0.1:9001", "127.0.0.1:9002"},
 		Policy: policy{Module: "round_robin"}, NoMatcher: true, Front: true}
 	got := front.caddyfile()
-	if strings.Contains(got, "header_down") || !strings.Contains(got, "reverse_proxy 127.0.0.1:9001 127.0.0.1:9002 {\n\t\tlb_policy round_robin\n") {
+	if strings.Contains(got, workerHeader) || !strings.Contains(got, "header_down "+replicaHeader+" {http.reverse_proxy.upstream.hostport}\n") ||
+		!strings.Contains(got, "reverse_proxy 127.0.0.1:9001 127.0.0.1:9002 {\n\t\tlb_policy round_robin\n") ||
+		strings.Contains(got, "lb_retries") {
 		t.Errorf("front Caddyfile:\n%s", got)
+	}
+	front.Retry = true
+	if got := front.caddyfile(); !strings.Contains(got, "\t\tlb_retries 2\n\t\tfail_duration 1s\n") {
+		t.Errorf("front Caddyfile with Retry:\n%s", got)
 	}
 }
