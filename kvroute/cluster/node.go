@@ -65,9 +65,9 @@ type Node struct {
 	loadKick    chan struct{}
 	syncKick    chan struct{}
 	syncJobs    chan syncJob
-	served      map[uint64]uint64 // requester → last seq served to it; syncServer only
-	asked       bool              // a catch-up request went out; flusher only
-	lostEarly   atomic.Bool       // a message was dropped before the first connection attempt
+	served      map[uint64]servedSync // requester → last reply sent to it; syncServer only
+	asked       bool                  // a catch-up request went out; flusher only
+	lostEarly   atomic.Bool           // a message was dropped before the first connection attempt
 
 	nc atomic.Pointer[nats.Conn]
 	// out, set by tests before the node runs, takes every sealed message instead of NATS
@@ -165,7 +165,7 @@ func newNode(cfg Config, h Handler, loads LoadSource, logger *slog.Logger) (*Nod
 		loadKick: make(chan struct{}, 1),
 		syncKick: make(chan struct{}, 1),
 		syncJobs: make(chan syncJob, 16),
-		served:   make(map[uint64]uint64),
+		served:   make(map[uint64]servedSync),
 		peers:    make(map[uint64]*peer),
 		done:     make(chan struct{}),
 	}

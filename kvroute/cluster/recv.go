@@ -26,6 +26,11 @@ type peer struct {
 	// applied from a catch-up reply (its origin record named seq), so the live message, if it
 	// comes, applies only its other records.
 	covered [windowBits / 64]uint64
+	// applied, same bits: live message seq was taken whole (not dropped by the flood limit,
+	// no record of it lost: a fragment missing, a text that did not decode, a binding
+	// refused). Only those let a catch-up reply skip its records as heard already; a message
+	// merely seen does not.
+	applied [windowBits / 64]uint64
 	// firstSeq is the first sequence number accepted from the peer: what it published before
 	// was never heard live.
 	firstSeq  uint64
@@ -70,10 +75,12 @@ func (p *peer) accept(seq uint64) bool {
 		if seq-p.maxSeq >= windowBits {
 			p.window = [windowBits / 64]uint64{}
 			p.covered = [windowBits / 64]uint64{}
+			p.applied = [windowBits / 64]uint64{}
 		} else {
 			for s := p.maxSeq + 1; s <= seq; s++ {
 				p.window[(s%windowBits)/64] &^= 1 << (s % 64)
 				p.covered[(s%windowBits)/64] &^= 1 << (s % 64)
+				p.applied[(s%windowBits)/64] &^= 1 << (s % 64)
 			}
 		}
 		p.maxSeq = seq
@@ -97,22 +104,28 @@ func (p *peer) isCovered(seq uint64) bool {
 	return p.maxSeq-seq < windowBits && p.covered[(seq%windowBits)/64]&(1<<(seq%64)) != 0
 }
 
+// markApplied records that live message seq, just accepted, was taken whole.
+func (p *peer) markApplied(seq uint64) {
+	if p.maxSeq-seq < windowBits {
+		p.applied[(seq%windowBits)/64] |= 1 << (seq % 64)
+	}
+}
+
 // takeOrigin reports whether the records a catch-up reply says were first published in the
 // peer's message seq are new here, and remembers that they were applied. Within the window the
-// answer is exact; before the first message heard from the peer they are new; between the two
-// (a reply more than windowBits messages late) they are taken as heard live, so that nothing
-// is applied twice.
+// answer is exact: they are skipped only when message seq was applied whole, live or from an
+// earlier reply. Beyond the window (a reply more than windowBits messages late, or a gap that
+// long after a reconnect) they are applied: a decision applied twice is inserted twice (the
+// same tree), a binding twice is refused the second time (BindingNewer), while a record
+// skipped wrongly is lost.
 func (p *peer) takeOrigin(seq uint64) bool {
-	switch {
-	case seq > p.maxSeq:
+	if seq > p.maxSeq || p.maxSeq-seq >= windowBits {
 		// An origin is older than the reply that names it; a peer that says otherwise gets
 		// its records applied, as before origins existed.
 		return true
-	case p.maxSeq-seq >= windowBits:
-		return seq < p.firstSeq
 	}
 	w, bit := (seq%windowBits)/64, uint64(1)<<(seq%64)
-	if (p.window[w]|p.covered[w])&bit != 0 {
+	if (p.applied[w]|p.covered[w])&bit != 0 {
 		return false
 	}
 	p.covered[w] |= bit
@@ -138,7 +151,7 @@ func (p *peer) allow(now time.Time, rate int) bool {
 func allowed(kind, typ byte) bool {
 	switch kind {
 	case kindData:
-		return typ != recSyncReq
+		return typ != recSyncReq && typ != recOrigin // origins belong to catch-up replies
 	case kindSyncReq:
 		return typ == recSyncReq
 	case kindSyncData:
@@ -222,6 +235,10 @@ func (n *Node) receive(kind byte, msg []byte) {
 	if err := decodeRecords(plain, h.version, n.cfg.MaxText, func(r *record) { n.apply(p, kind, h, r, now, &sp, true) }); err != nil {
 		// Authenticated but malformed: a peer with the secret and a bug, or another version.
 		n.reject(&n.st.rejectedMalformed, "malformed", err)
+		return
+	}
+	if kind == kindData && !sp.failed {
+		p.markApplied(h.seq)
 	}
 }
 
@@ -253,7 +270,10 @@ func (n *Node) addPeer(id uint64, aead cipher.AEAD, now time.Time) *peer {
 
 // span is the state of one record list while it is applied: whether its decisions and
 // bindings were applied already (a message heard both live and in a catch-up reply).
-type span struct{ skip bool }
+type span struct {
+	skip   bool
+	failed bool // a record of the message was lost (a fragment missing, a bad text, a refused binding)
+}
 
 // apply hands one authenticated record to the Handler. top is false inside a reassembled
 // fragment, which may not hold fragments itself.
@@ -278,6 +298,7 @@ func (n *Node) apply(p *peer, kind byte, h header, r *record, now time.Time, sp 
 	case recDecision:
 		text, ok := n.decodeText(r)
 		if !ok {
+			sp.failed = true
 			return
 		}
 		n.st.decisionsReceived.Add(1)
@@ -291,10 +312,11 @@ func (n *Node) apply(p *peer, kind byte, h header, r *record, now time.Time, sp 
 			// A version 1 peer's live binding went out within flush_delay of being made.
 			at = sentAt(h)
 		}
-		// The binding's time is bounded like its message's: a peer cannot make its binding
+		// The binding's time is bounded by this node's clock: a peer cannot make its binding
 		// win for longer than the replay window by dating it ahead.
-		if r.at != 0 && r.at-h.nanos > int64(n.cfg.ReplayWindow) {
-			n.reject(&n.st.rejectedStale, "stale", errors.New("binding time after its message's, beyond replay_window"))
+		if r.at != 0 && r.at-now.UnixNano() > int64(n.cfg.ReplayWindow) {
+			sp.failed = true
+			n.reject(&n.st.rejectedStale, "stale", errors.New("binding dated ahead of this node's clock by more than replay_window"))
 			return
 		}
 		n.st.bindingsReceived.Add(1)
@@ -336,7 +358,7 @@ func (n *Node) apply(p *peer, kind byte, h header, r *record, now time.Time, sp 
 			n.st.droppedSync.Add(1)
 		}
 	case recFragment:
-		n.reassemble(p, kind, h, &r.frag, now, *sp)
+		n.reassemble(p, kind, h, &r.frag, now, sp)
 	}
 }
 
@@ -346,11 +368,12 @@ func sentAt(h header) time.Time { return time.Unix(0, h.nanos) }
 // the record they make once complete. Memory is bounded by the largest record a peer may send.
 // The record applies as part of the message that completes it, so it starts from that
 // message's span.
-func (n *Node) reassemble(p *peer, kind byte, h header, f *fragment, now time.Time, sp span) {
+func (n *Node) reassemble(p *peer, kind byte, h header, f *fragment, now time.Time, sp *span) {
 	a := &p.frag
 	drop := func() {
 		n.fragBytes -= len(a.buf)
 		a.buf, a.next = nil, 0
+		sp.failed = true
 	}
 	if f.index == 0 {
 		if a.buf != nil {
@@ -383,10 +406,14 @@ func (n *Node) reassemble(p *peer, kind byte, h header, f *fragment, now time.Ti
 		return
 	}
 	buf := a.buf
-	drop()
-	if err := decodeRecords(buf, h.version, n.cfg.MaxText, func(r *record) { n.apply(p, kind, h, r, now, &sp, false) }); err != nil {
+	n.fragBytes -= len(a.buf)
+	a.buf, a.next = nil, 0
+	inner := *sp
+	if err := decodeRecords(buf, h.version, n.cfg.MaxText, func(r *record) { n.apply(p, kind, h, r, now, &inner, false) }); err != nil {
 		n.reject(&n.st.rejectedMalformed, "malformed", err)
+		inner.failed = true
 	}
+	sp.failed = sp.failed || inner.failed
 }
 
 // decodeText returns a decision's text, decompressed within the bound its record declares.

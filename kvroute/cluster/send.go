@@ -324,15 +324,27 @@ func (n *Node) syncServer() {
 	}
 }
 
+// servedSync is the last reply sent to a requester: the sequence it covered and when.
+type servedSync struct {
+	seq uint64
+	at  time.Time
+}
+
 // serveSync answers one catch-up request; it returns false when the node is closing.
 func (n *Node) serveSync(job syncJob) bool {
-	// A requester that asks twice before its first reply arrived (connect and reconnect
-	// callbacks close together) gets only what it was not sent yet.
-	since := max(job.since, n.served[job.to])
+	// A requester that asks twice before its first reply could arrive (connect and reconnect
+	// callbacks close together) gets only what it was not sent yet. Later, it gets all it asks
+	// for: its connection may have dropped with the reply, and what it hears twice it applies
+	// once.
+	since := job.since
+	now := time.Now()
+	if last, ok := n.served[job.to]; ok && now.Sub(last.at) < time.Second {
+		since = max(since, last.seq)
+	}
 	if len(n.served) >= n.cfg.MaxPeers {
 		clear(n.served)
 	}
-	n.served[job.to] = n.seq.Load()
+	n.served[job.to] = servedSync{seq: n.seq.Load(), at: now}
 	recs := n.own.since(since)
 	p := n.newPacker(kindSyncData, n.prefix+"to."+hexID(job.to))
 	p.to = job.to
