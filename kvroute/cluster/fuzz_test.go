@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"testing"
+	"time"
 )
 
 // FuzzReceive feeds arbitrary bytes to the receive path as if they came from NATS.
@@ -30,6 +31,7 @@ func FuzzRecords(f *testing.F) {
 	f.Add(appendFragment(nil, fragment{id: 1, index: 0, total: 2, chunk: dec[:10]}))
 	f.Add(appendSyncReq(nil, true, []seenSeq{{1, 2}}))
 	f.Add(appendLoad(nil, []peerCount{{"u", 5}}))
+	f.Add(appendReading(nil, EngineReading{Upstream: "u", Engine: "vllm", At: time.Now(), Running: 3, Waiting: 2, KVCapacityTokens: 37440, Known: ReadingRunning | ReadingWaiting | ReadingKVCapacity}))
 	f.Fuzz(func(t *testing.T, plain []byte) {
 		for _, kind := range []byte{kindData, kindSyncReq, kindSyncData} {
 			to := uint64(0)

@@ -90,7 +90,7 @@ type Node struct {
 
 // item is one thing to publish; the fields' meaning depends on kind.
 type item struct {
-	kind    byte // recDecision, recBinding, recForget, recReset
+	kind    byte // recDecision, recBinding, recForget, recReset, recReading (a: the record)
 	a, b, c string
 }
 

@@ -259,6 +259,8 @@ func (n *Node) apply(p *peer, kind byte, h header, r *record, now time.Time, top
 		}
 	case recFragment:
 		n.reassemble(p, kind, h, &r.frag, now)
+	case recReading:
+		n.applyReading(r.reading, time.Unix(0, h.nanos), now)
 	}
 }
 
