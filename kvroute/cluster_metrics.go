@@ -19,7 +19,7 @@ var (
 	descClusterBytes = prometheus.NewDesc(ns+"_"+sub+"_cluster_bytes_total",
 		"Bytes of cluster messages sent and received.", []string{"direction"}, nil)
 	descClusterApplied = prometheus.NewDesc(ns+"_"+sub+"_cluster_applied_total",
-		"Peers' decisions and session bindings applied to this replica's state.", []string{"kind"}, nil)
+		"Peers' decisions, session bindings and engine readings applied to this replica's state.", []string{"kind"}, nil)
 	descClusterDropped = prometheus.NewDesc(ns+"_"+sub+"_cluster_dropped_total",
 		"Cluster items or messages dropped on this replica, by reason.", []string{"reason"}, nil)
 	descClusterRejected = prometheus.NewDesc(ns+"_"+sub+"_cluster_rejected_total",
@@ -72,6 +72,7 @@ func (*clusterCollector) Collect(ch chan<- prometheus.Metric) {
 	counter(descClusterBytes, st.ReceivedBytes, "received")
 	counter(descClusterApplied, st.DecisionsReceived, "decision")
 	counter(descClusterApplied, st.BindingsReceived, "binding")
+	counter(descClusterApplied, st.ReadingsReceived, "reading")
 	counter(descClusterTextBytes, st.TextBytes, "raw")
 	counter(descClusterTextBytes, st.WireTextBytes, "wire")
 	for reason, v := range map[string]uint64{"queue": st.DroppedQueue, "publish": st.DroppedPublish,
@@ -79,7 +80,7 @@ func (*clusterCollector) Collect(ch chan<- prometheus.Metric) {
 		counter(descClusterDropped, v, reason)
 	}
 	for reason, v := range map[string]uint64{"auth": st.RejectedAuth, "replay": st.RejectedReplay,
-		"stale": st.RejectedStale, "malformed": st.RejectedMalformed} {
+		"stale": st.RejectedStale, "malformed": st.RejectedMalformed, "reading": st.ReadingsRejected} {
 		counter(descClusterRejected, v, reason)
 	}
 }
