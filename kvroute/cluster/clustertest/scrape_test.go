@@ -88,7 +88,8 @@ const scrapeInterval = 500 * time.Millisecond
 
 // TestScrapesShared: three replicas in a cluster read one engine about once per interval in
 // all, not three times, and every replica shows the engine's figures; when the replica that
-// reads it stops, another takes over within a few intervals.
+// reads it stops, another takes over within a few intervals; with NATS down, each reads it
+// itself.
 func TestScrapesShared(t *testing.T) {
 	ns := startNATS(t, nil)
 	e := newEngine(t)
@@ -180,6 +181,22 @@ func TestScrapesShared(t *testing.T) {
 	for _, r := range rest {
 		if run, wait, kv, _, age := r.figures(e.addr()); run != 3 || wait != 2 || kv != 2340*16 || age < 0 || age > 3*scrapeInterval.Seconds() {
 			t.Errorf("%s after the owner stopped: running %d waiting %d kv_capacity %d age %.2fs", r.name, run, wait, kv, age)
+		}
+	}
+
+	// NATS down: no peer's reading arrives, and each replica reads the engine itself.
+	ns.stop()
+	time.Sleep(3 * scrapeInterval)
+	before = e.scrapes.Load()
+	time.Sleep(intervals * scrapeInterval)
+	perInterval = float64(e.scrapes.Load()-before) / intervals
+	t.Logf("2 replicas with NATS down: %.2f scrapes per interval", perInterval)
+	if perInterval < 1.5 {
+		t.Errorf("with NATS down 2 replicas read the engine %.2f times per interval, want about twice", perInterval)
+	}
+	for _, r := range rest {
+		if run, _, _, src, age := r.figures(e.addr()); run != 3 || src != "own" || age < 0 || age > 3*scrapeInterval.Seconds() {
+			t.Errorf("%s with NATS down: running %d source %q age %.2fs, want its own fresh reading", r.name, run, src, age)
 		}
 	}
 }
