@@ -302,6 +302,11 @@ func (h clusterHandler) Reset() {
 	h.s.reset()
 }
 
+// Reading: a peer that owns an engine read it (telemetry.go, adoptReading).
+func (h clusterHandler) Reading(r cluster.EngineReading) {
+	h.s.adoptReading(r)
+}
+
 // describeCluster is how a conflicting cluster option is named in an error: never the secret,
 // nor credentials given in a URL.
 func describeCluster(c *cluster.Config) string {
@@ -321,4 +326,7 @@ func describeCluster(c *cluster.Config) string {
 	return fmt.Sprintf("{urls %v name %q}", urls, c.Name)
 }
 
-var _ cluster.Handler = clusterHandler{}
+var (
+	_ cluster.Handler        = clusterHandler{}
+	_ cluster.ReadingHandler = clusterHandler{}
+)

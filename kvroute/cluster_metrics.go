@@ -19,7 +19,7 @@ var (
 	descClusterBytes = prometheus.NewDesc(ns+"_"+sub+"_cluster_bytes_total",
 		"Bytes of cluster messages sent and received.", []string{"direction"}, nil)
 	descClusterApplied = prometheus.NewDesc(ns+"_"+sub+"_cluster_applied_total",
-		"Peers' decisions and session bindings applied to this replica's state.", []string{"kind"}, nil)
+		"Peers' decisions, session bindings and engine readings applied to this replica's state.", []string{"kind"}, nil)
 	descClusterDuplicates = prometheus.NewDesc(ns+"_"+sub+"_cluster_duplicates_total",
 		"Peers' decisions and bindings heard twice (live and in a catch-up reply) and applied once.", nil, nil)
 	descClusterDropped = prometheus.NewDesc(ns+"_"+sub+"_cluster_dropped_total",
@@ -75,6 +75,7 @@ func (*clusterCollector) Collect(ch chan<- prometheus.Metric) {
 	counter(descClusterApplied, st.DecisionsReceived, "decision")
 	counter(descClusterApplied, st.BindingsReceived, "binding")
 	counter(descClusterDuplicates, st.Duplicates)
+	counter(descClusterApplied, st.ReadingsReceived, "reading")
 	counter(descClusterTextBytes, st.TextBytes, "raw")
 	counter(descClusterTextBytes, st.WireTextBytes, "wire")
 	for reason, v := range map[string]uint64{"queue": st.DroppedQueue, "publish": st.DroppedPublish,
@@ -82,7 +83,7 @@ func (*clusterCollector) Collect(ch chan<- prometheus.Metric) {
 		counter(descClusterDropped, v, reason)
 	}
 	for reason, v := range map[string]uint64{"auth": st.RejectedAuth, "replay": st.RejectedReplay,
-		"stale": st.RejectedStale, "malformed": st.RejectedMalformed} {
+		"stale": st.RejectedStale, "malformed": st.RejectedMalformed, "reading": st.ReadingsRejected} {
 		counter(descClusterRejected, v, reason)
 	}
 }

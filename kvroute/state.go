@@ -50,6 +50,7 @@ type upstreamState struct {
 
 	engine      atomic.Pointer[engineView] // the latest telemetry reading's load (telemetry.go)
 	telemetryUp atomic.Bool                // its telemetry answers (for the appear/go-away log lines)
+	peerReadAt  atomic.Int64               // unix nanos (local clock) of a peer's latest good reading of it; 0: none (telemetry.go)
 	health      healthState                // health.go
 }
 

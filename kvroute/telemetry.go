@@ -15,6 +15,7 @@ import (
 	"go.uber.org/zap"
 
 	kvcf "github.com/kvroute/caddy-kvroute/caddyfile"
+	"github.com/kvroute/caddy-kvroute/kvroute/cluster"
 	"github.com/kvroute/caddy-kvroute/kvroute/telemetry"
 )
 
@@ -240,7 +241,9 @@ func (s *state) syncTelemetry() {
 			Timeout:  conf.timeout,
 			Observe: func(prev, cur *telemetry.Snapshot) {
 				s.observe(conf.interval, prev, cur)
+				s.shareReading(cur)
 			},
+			Skip: func(key string) bool { return s.skipScrape(key, conf.interval) },
 		})
 		s.tel.conf = conf
 		s.tel.current.Store(s.tel.scraper)
@@ -416,6 +419,13 @@ func (s *state) observe(interval time.Duration, _, cur *telemetry.Snapshot) {
 			// sent, a spike of one reading. Traffic from elsewhere lasts, so what counts is the
 			// smaller of the last two fresh readings (an interval later than one reading would).
 			// Peers' requests (cluster) are theirs, not external: subtract them too.
+			// A peer's reading (cur.FromPeer) is taken in here as it arrives, a few
+			// milliseconds after the owner read it (its flush delay and NATS), so the counts
+			// now are this replica's counts at the reading's time as closely as an own scrape's
+			// are (the page's transfer takes as long); keeping a history of counts to look up
+			// the exact instant would buy nothing the min of two readings does not already
+			// absorb. The peers' term is the owner's and the others' latest published counts,
+			// which lag by up to load_interval either way.
 			raw := max(0, r.Running+r.Waiting-u.inFlight.Load()-s.peersInFlight(cur.Key))
 			ext := int64(0)
 			if prev := u.engine.Load(); prev != nil && r.At.UnixNano() <= prev.until {
@@ -433,7 +443,12 @@ func (s *state) observe(interval time.Duration, _, cur *telemetry.Snapshot) {
 				zap.String("engine", string(r.Engine)), zap.Stringer("figures", r.Known),
 				zap.Int64("kv_capacity_tokens", r.KVCapacityTokens))
 		}
-		s.healthy(u, true, "telemetry reading")
+		// A peer's reading says the engine answered the peer: health stays this replica's own
+		// (its requests, its probe, its own reads), or a replica cut off from an upstream would
+		// see it marked up every interval.
+		if !cur.FromPeer {
+			s.healthy(u, true, "telemetry reading")
+		}
 	case telemetry.OutcomeRefused:
 		s.fail(u, "telemetry: "+cur.LastError)
 	}
@@ -448,6 +463,92 @@ func (s *state) observe(interval time.Duration, _, cur *telemetry.Snapshot) {
 				zap.Stringer("outcome", cur.Outcome), zap.String("error", cur.LastError))
 		}
 	}
+}
+
+// peerFresh is how long a peer's reading of an engine stands in for this replica's own read:
+// the owner reads once per interval (±10%), so a reading younger than 1.5 intervals means the
+// owner is at work; one that is older means it stopped, and this replica reads itself.
+func peerFresh(interval time.Duration) time.Duration { return interval * 3 / 2 }
+
+// skipScrape reports whether this replica leaves out its own read of the engine at key: a peer
+// owns it and its latest reading is fresh. Without a cluster, or as the owner, or with the
+// upstream down here (an own read is then also a probe), it reads.
+func (s *state) skipScrape(key string, interval time.Duration) bool {
+	n := s.node()
+	if n == nil {
+		return false
+	}
+	v, ok := s.upstreams.Load(key)
+	if !ok {
+		return false
+	}
+	at := v.(*upstreamState).peerReadAt.Load()
+	if at == 0 || time.Now().UnixNano()-at >= int64(peerFresh(interval)) || s.isDown(key) {
+		return false
+	}
+	return !n.Owns(key)
+}
+
+// shareReading publishes this replica's own read of an engine when it owns the engine (from
+// the target's goroutine, never from the cluster's Handler: Owns takes the node's lock).
+func (s *state) shareReading(cur *telemetry.Snapshot) {
+	n := s.node()
+	if n == nil || cur.Outcome == telemetry.OutcomeNone || !n.Owns(cur.Key) {
+		return
+	}
+	er := cluster.EngineReading{Upstream: cur.Key, At: cur.Attempted, Failed: true}
+	if cur.Outcome == telemetry.OutcomeOK {
+		r := &cur.Reading
+		er = cluster.EngineReading{Upstream: cur.Key, Engine: string(r.Engine), At: r.At,
+			Running: r.Running, Waiting: r.Waiting, KVCapacityTokens: r.KVCapacityTokens}
+		if r.Known.Has(telemetry.HasRunning) {
+			er.Known |= cluster.ReadingRunning
+		}
+		if r.Known.Has(telemetry.HasWaiting) {
+			er.Known |= cluster.ReadingWaiting
+		}
+		if r.Known.Has(telemetry.HasKVCapacity) {
+			er.Known |= cluster.ReadingKVCapacity
+		}
+	}
+	n.PublishReading(er)
+}
+
+// adoptReading takes in a peer's reading of an engine this replica reads too (the cluster's
+// Handler): its figures go through observe like an own scrape's, and the replica's own read
+// pauses while it is fresh. A failed read of the owner resumes the replica's own at once.
+// Readings of engines this replica does not read are ignored: peers cannot add targets.
+func (s *state) adoptReading(er cluster.EngineReading) {
+	sc := s.tel.current.Load()
+	if sc == nil {
+		return
+	}
+	v, ok := s.upstreams.Load(er.Upstream)
+	if !ok || sc.Snapshot(er.Upstream) == nil {
+		return
+	}
+	u := v.(*upstreamState)
+	if er.Failed {
+		u.peerReadAt.Store(0)
+		return
+	}
+	r := telemetry.Reading{Engine: telemetry.Engine(er.Engine), At: er.At,
+		Figures: telemetry.Figures{Running: er.Running, Waiting: er.Waiting, KVCapacityTokens: er.KVCapacityTokens}}
+	if er.Known&cluster.ReadingRunning != 0 {
+		r.Known |= telemetry.HasRunning
+	}
+	if er.Known&cluster.ReadingWaiting != 0 {
+		r.Known |= telemetry.HasWaiting
+	}
+	if er.Known&cluster.ReadingKVCapacity != 0 {
+		r.Known |= telemetry.HasKVCapacity
+	}
+	prev, cur, ok := sc.Adopt(er.Upstream, r)
+	if !ok {
+		return
+	}
+	u.peerReadAt.Store(er.At.UnixNano())
+	s.observe(sc.Interval(), prev, cur)
 }
 
 // setEngineCapacity records the KV capacity an engine reported and bounds its share of the
@@ -486,6 +587,9 @@ type TelemetryStatus struct {
 	LastError  string            `json:"last_error,omitempty"`
 	Counts     map[string]uint64 `json:"counts"` // attempts by outcome
 	Ignored    uint64            `json:"ignored_samples"`
+	// Source of the latest reading: "own" (this replica read the engine) or "peer" (the
+	// cluster replica that owns the engine did).
+	Source string `json:"source,omitempty"`
 }
 
 // FiguresStatus are the engine's figures of the latest reading; Known lists those it reported
@@ -523,6 +627,10 @@ func (s *state) telemetryStatus(addr string, now time.Time) *TelemetryStatus {
 	if !snap.Reading.At.IsZero() {
 		at := snap.Reading.At.UTC()
 		ts.ReadAt, ts.AgeSeconds = &at, snap.Age(now).Seconds()
+		ts.Source = "own"
+		if snap.FromPeer {
+			ts.Source = "peer"
+		}
 	}
 	if v, ok := s.upstreams.Load(addr); ok {
 		ts.External = v.(*upstreamState).externalLoad(now.UnixNano())

@@ -33,6 +33,7 @@ func FuzzRecords(f *testing.F) {
 	f.Add(appendLoad(nil, []peerCount{{"u", 5}}))
 	f.Add(appendBinding(appendOrigin(nil, 1), "m", "k", "u", 1))
 	f.Add(append(appendOrigin(nil, 1<<40), dec...))
+	f.Add(appendReading(nil, EngineReading{Upstream: "u", Engine: "vllm", At: time.Now(), Running: 3, Waiting: 2, KVCapacityTokens: 37440, Known: ReadingRunning | ReadingWaiting | ReadingKVCapacity}))
 	f.Fuzz(func(t *testing.T, plain []byte) {
 		for _, kind := range []byte{kindData, kindSyncReq, kindSyncData} {
 			to := uint64(0)

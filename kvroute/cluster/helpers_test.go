@@ -33,6 +33,9 @@ func (r *recorder) Binding(model, sk, upstream string, at time.Time) {
 }
 func (r *recorder) Forget(sk string) { r.add("forget " + sk) }
 func (r *recorder) Reset()           { r.add("reset") }
+func (r *recorder) Reading(er EngineReading) {
+	r.add(fmt.Sprintf("reading %s %s run %d wait %d kv %d known %d failed %v", er.Upstream, er.Engine, er.Running, er.Waiting, er.KVCapacityTokens, er.Known, er.Failed))
+}
 
 func (r *recorder) got() []string {
 	r.mu.Lock()

@@ -359,6 +359,8 @@ func (n *Node) apply(p *peer, kind byte, h header, r *record, now time.Time, sp 
 		}
 	case recFragment:
 		n.reassemble(p, kind, h, &r.frag, now, sp)
+	case recReading:
+		n.applyReading(r.reading, time.Unix(0, h.nanos), now)
 	}
 }
 

@@ -21,6 +21,8 @@ type counters struct {
 	syncReceivedRecords                         atomic.Uint64
 	disconnects                                 atomic.Uint64
 	duplicates                                  atomic.Uint64
+	readingsSent, readingsReceived              atomic.Uint64
+	readingsRejected                            atomic.Uint64
 }
 
 // Stats is a snapshot of a node's counters, for the admin API and metrics. Counters only grow.
@@ -72,6 +74,11 @@ type Stats struct {
 	// LogBytes and LogEntries: the catch-up log kept for peers.
 	LogBytes   int `json:"log_bytes"`
 	LogEntries int `json:"log_entries"`
+
+	// Engine readings (reading.go): published, applied from peers, rejected for bad values.
+	ReadingsSent     uint64 `json:"readings_sent"`
+	ReadingsReceived uint64 `json:"readings_received"`
+	ReadingsRejected uint64 `json:"readings_rejected"`
 
 	Disconnects uint64      `json:"disconnects"`
 	Peers       []PeerStats `json:"peers"`
@@ -143,6 +150,9 @@ func (n *Node) Stats() Stats {
 		SyncServedRecords:   c.syncServedRecords.Load(),
 		SyncReceivedRecords: c.syncReceivedRecords.Load(),
 		Disconnects:         c.disconnects.Load(),
+		ReadingsSent:        c.readingsSent.Load(),
+		ReadingsReceived:    c.readingsReceived.Load(),
+		ReadingsRejected:    c.readingsRejected.Load(),
 	}
 	s.LogBytes, s.LogEntries = n.own.size()
 	if nc := n.nc.Load(); nc != nil && nc.IsConnected() {

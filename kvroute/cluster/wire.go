@@ -303,6 +303,7 @@ type record struct {
 	first   bool
 	lost    bool // sync request: the requester dropped what it published before connecting
 	frag    fragment
+	reading EngineReading // recReading (reading.go)
 }
 
 type peerCount struct {
@@ -475,6 +476,8 @@ func decodeRecords(plain []byte, version byte, maxText int, fn func(*record)) er
 			if r.err == nil && (rec.frag.total < 2 || rec.frag.index >= rec.frag.total) {
 				r.fail(fmt.Errorf("fragment %d of %d: %w", rec.frag.index, rec.frag.total, errMalformed))
 			}
+		case recReading:
+			decodeReading(&r, &rec)
 		default:
 			r.fail(fmt.Errorf("record type %d: %w", rec.typ, errMalformed))
 		}

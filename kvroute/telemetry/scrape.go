@@ -152,6 +152,9 @@ type Snapshot struct {
 	// Counts counts the attempts by outcome; Ignored adds up the readings' ignored samples.
 	Counts  Counts `json:"counts"`
 	Ignored uint64 `json:"ignored_samples"`
+	// FromPeer: Reading came from another replica that read the engine (Adopt), not from an
+	// attempt of this Scraper.
+	FromPeer bool `json:"from_peer,omitempty"`
 }
 
 // Age is the age of the latest reading at now, or -1 when there has been none.
@@ -193,6 +196,10 @@ type Options struct {
 	// counts refused connections as health failures. A scrape that ends as its target is
 	// removed may still be observed once.
 	Observe func(prev, cur *Snapshot)
+	// Skip, when set, is asked before each scrape of a target (from its goroutine; it must
+	// return quickly): true leaves this scrape out, and the target is asked again an interval
+	// later. A cluster replica skips an engine another replica reads for it (Adopt).
+	Skip func(key string) bool
 }
 
 func (o Options) withDefaults() Options {
@@ -356,6 +363,35 @@ func (s *Scraper) Snapshots() []*Snapshot {
 	return out
 }
 
+// Interval is the time between two scrapes of one target.
+func (s *Scraper) Interval() time.Duration { return s.opts.Interval }
+
+// Adopt publishes r, a reading another replica took of the target named key, as the target's
+// latest reading (FromPeer set, Outcome OK, its attempt counts unchanged), and returns the
+// previous and new snapshots for the caller to observe as it observes a scrape. It does
+// nothing (ok false) when there is no such target or r is not newer than the latest reading.
+// It does not call Options.Observe: it runs on the caller's goroutine.
+func (s *Scraper) Adopt(key string, r Reading) (prev, cur *Snapshot, ok bool) {
+	tg := (*s.targets.Load())[key]
+	if tg == nil || r.At.IsZero() {
+		return nil, nil, false
+	}
+	for {
+		prev = tg.snap.Load()
+		next := &Snapshot{Key: tg.Key, URL: tg.URL}
+		if prev != nil {
+			if !r.At.After(prev.Reading.At) {
+				return nil, nil, false
+			}
+			*next = *prev
+		}
+		next.Reading, next.Outcome, next.Failures, next.FromPeer = r, OutcomeOK, 0, true
+		if tg.snap.CompareAndSwap(prev, next) {
+			return prev, next, true
+		}
+	}
+}
+
 // Stop ends every loop and waits for them: when it returns, no goroutine of the Scraper is
 // left. Add fails after Stop.
 func (s *Scraper) Stop() {
@@ -387,6 +423,10 @@ func (s *Scraper) run(ctx context.Context, tg *target) {
 		case <-ctx.Done():
 			return
 		case <-timer.C:
+		}
+		if s.opts.Skip != nil && s.opts.Skip(tg.Key) {
+			timer.Reset(s.wait(0))
+			continue
 		}
 		snap := s.scrape(ctx, tg)
 		if snap == nil {
@@ -425,11 +465,12 @@ func (s *Scraper) scrape(ctx context.Context, tg *target) *Snapshot {
 		next.Reading, next.Failures = prev.Reading, prev.Failures
 		next.LastError, next.LastErrorAt = prev.LastError, prev.LastErrorAt
 		next.Counts, next.Ignored = prev.Counts, prev.Ignored
+		next.FromPeer = prev.FromPeer
 	}
 	next.Counts[outcome]++
 	next.Ignored += uint64(reading.Ignored)
 	if outcome == OutcomeOK {
-		next.Reading, next.Failures = reading, 0
+		next.Reading, next.Failures, next.FromPeer = reading, 0, false
 	} else {
 		next.Failures++
 		next.LastError, next.LastErrorAt = err.Error(), now

@@ -524,3 +524,44 @@ func TestScraperConcurrentUse(t *testing.T) {
 	s.Stop()
 	waitFor(t, "goroutines to end", func() bool { return runtime.NumGoroutine() <= base })
 }
+
+// TestScraperSkipAndAdopt: while Skip says so the endpoint is not read at all, an adopted
+// reading becomes the target's latest (FromPeer) without counting as an attempt, an older one
+// is refused, and an own reading takes over again once Skip lets it.
+func TestScraperSkipAndAdopt(t *testing.T) {
+	var gets atomic.Int64
+	h := page(t, "vllm_v1_qwen3.txt")
+	ts := serve(t, func(w http.ResponseWriter, r *http.Request) { gets.Add(1); h(w, r) })
+	var skip atomic.Bool
+	opts := fast
+	opts.Skip = func(key string) bool { return key == "a" && skip.Load() }
+	s := newScraper(t, opts)
+	if _, _, ok := s.Adopt("a", Reading{At: time.Now()}); ok {
+		t.Error("adopted a reading of a target that is not read")
+	}
+	if err := s.Add(Target{Key: "a", URL: ts.URL + "/metrics"}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "an own reading", func() bool { return s.Snapshot("a").Fresh(time.Now(), time.Second) })
+	skip.Store(true)
+	time.Sleep(3 * opts.Interval) // a scrape in flight when Skip turned may still land
+	before := gets.Load()
+	time.Sleep(10 * opts.Interval)
+	if n := gets.Load() - before; n != 0 {
+		t.Errorf("%d reads while Skip said no", n)
+	}
+	own := s.Snapshot("a")
+	peer := Reading{Engine: EngineVLLM, At: time.Now(), Figures: Figures{Running: 7, Waiting: 1, KVCapacityTokens: 1000, Known: HasRunning | HasWaiting | HasKVCapacity}}
+	prev, cur, ok := s.Adopt("a", peer)
+	if !ok || prev != own || cur != s.Snapshot("a") || !cur.FromPeer || cur.Reading.Running != 7 || cur.Outcome != OutcomeOK {
+		t.Fatalf("Adopt: ok %v, snapshot %+v", ok, cur)
+	}
+	if cur.Counts != own.Counts {
+		t.Errorf("an adopted reading counted as an attempt: %v, was %v", cur.Counts, own.Counts)
+	}
+	if _, _, ok := s.Adopt("a", Reading{At: peer.At.Add(-time.Millisecond)}); ok {
+		t.Error("adopted a reading older than the latest")
+	}
+	skip.Store(false)
+	waitFor(t, "an own reading again", func() bool { sn := s.Snapshot("a"); return !sn.FromPeer && sn.Reading.At.After(peer.At) })
+}

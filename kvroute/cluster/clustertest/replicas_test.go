@@ -98,6 +98,13 @@ type replica struct {
 // block whose secret comes from the environment (resolved at provision).
 func startReplica(t *testing.T, name string, n int, bs []*backend, natsURL, secret string) *replica {
 	t.Helper()
+	return startReplicaWith(t, name, n, addrs(bs), natsURL, secret, "")
+}
+
+// startReplicaWith is startReplica over the upstreams upstreams (dial addresses), with extra
+// lines in the policy's block.
+func startReplicaWith(t *testing.T, name string, n int, upstreams, natsURL, secret, extra string) *replica {
+	t.Helper()
 	bin := caddyBinary(t)
 	r := &replica{t: t, name: name, admin: fmt.Sprintf("127.0.0.1:%d", 2300+n), site: fmt.Sprintf("127.0.0.1:%d", 9300+n), out: new(bytes.Buffer)}
 	clusterBlock := ""
@@ -119,11 +126,11 @@ func startReplica(t *testing.T, name string, n int, bs []*backend, natsURL, secr
 :%d {
 	@llm llm_prompt
 	reverse_proxy @llm %s {
-		lb_policy kv_cache_aware {%s
+		lb_policy kv_cache_aware {%s%s
 		}
 	}
 }
-`, r.admin, 9300+n, 9300+n, addrs(bs), clusterBlock)
+`, r.admin, 9300+n, 9300+n, upstreams, clusterBlock, extra)
 	dir := t.TempDir()
 	path := filepath.Join(dir, "Caddyfile")
 	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
