@@ -68,13 +68,25 @@ func reply(t *testing.T, n *Node, w *wire, to *Node, since uint64) []wireMsg {
 	if !n.serveSync(syncJob{to: to.id, since: since}) {
 		t.Fatal("serveSync: node closing")
 	}
-	msgs := w.take()
-	for _, m := range msgs {
-		if m.subject != n.prefix+"to."+to.idHex {
-			t.Fatalf("reply on %q", m.subject)
+	// The flusher keeps running meanwhile (a load message every load_interval): only the
+	// messages on the reply's subject are the reply; the others stay on the wire.
+	return w.takeSubject(n.prefix + "to." + to.idHex)
+}
+
+// takeSubject removes and returns the messages sent on subject, leaving the others.
+func (w *wire) takeSubject(subject string) []wireMsg {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	var out, rest []wireMsg
+	for _, m := range w.msgs {
+		if m.subject == subject {
+			out = append(out, m)
+		} else {
+			rest = append(rest, m)
 		}
 	}
-	return msgs
+	w.msgs = rest
+	return out
 }
 
 func deliver(n *Node, kind byte, msgs []wireMsg) {
