@@ -371,14 +371,20 @@ func prefixSafe(body []byte) bool {
 // later group voids the prefix promise for truncated bodies.
 var textOrder = map[string]int{"system": 1, "instructions": 1, "tools": 2, "messages": 3, "input": 3}
 
+// promptRank is which of a completion's or generate request's text fields wins (higher first):
+// a cut body that stops before a winning field routes on a losing one read before it.
+var promptRank = map[string]int{"input_ids": 1, "text": 2, "prompt": 3}
+
 // keyOrder reports whether an object of a valid JSON body has a key twice, and whether the
-// top-level keys come out of their order in the text (textOrder).
+// top-level keys come out of their order in the text (textOrder), or a winning prompt field
+// (promptRank) comes after a losing one.
 func keyOrder(body []byte) (dups, lateSystem bool) {
 	dec := json.NewDecoder(bytes.NewReader(body))
 	type container struct {
 		keys    map[string]bool // nil for arrays
 		wantKey bool
 		last    int // the latest textOrder group seen (top level)
+		lowest  int // the lowest promptRank seen (top level)
 	}
 	var stack []*container
 	afterValue := func() {
@@ -397,6 +403,12 @@ func keyOrder(body []byte) (dups, lateSystem bool) {
 				if len(stack) == 1 {
 					lateSystem = lateSystem || textOrder[s] > 0 && textOrder[s] < top.last
 					top.last = max(top.last, textOrder[s])
+					if r := promptRank[s]; r > 0 {
+						lateSystem = lateSystem || top.lowest > 0 && r > top.lowest
+						if top.lowest == 0 || r < top.lowest {
+							top.lowest = r
+						}
+					}
 				}
 				top.keys[s] = true
 				top.wantKey = false
