@@ -59,19 +59,10 @@ func TestReconnectUnderTrafficAppliesOnce(t *testing.T) {
 		return len(seen) >= published-dropped()
 	})
 	time.Sleep(300 * time.Millisecond)
-	b.st.mu.Lock()
-	count := map[string]int{}
-	for _, d := range b.st.decisions {
-		count[d.text]++
-	}
-	b.st.mu.Unlock()
-	twice := 0
-	for _, c := range count {
-		twice += c - 1
-	}
+	distinct, twice := b.st.applied()
 	st := b.Stats()
 	t.Logf("a published %d (%d dropped); b applied %d, %d distinct, %d catch-up records, %d duplicates skipped",
-		published, dropped(), st.DecisionsReceived, len(count), st.SyncReceivedRecords, st.Duplicates)
+		published, dropped(), st.DecisionsReceived, distinct, st.SyncReceivedRecords, st.Duplicates)
 	if twice != 0 {
 		t.Errorf("%d decisions applied twice", twice)
 	}

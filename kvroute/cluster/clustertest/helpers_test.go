@@ -26,6 +26,21 @@ type state struct {
 
 type decision struct{ model, upstream, text string }
 
+// applied returns how many distinct decision texts the state holds and how many of its
+// decisions repeat one.
+func (s *state) applied() (distinct, twice int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	count := map[string]int{}
+	for _, d := range s.decisions {
+		count[d.text]++
+	}
+	for _, c := range count {
+		twice += c - 1
+	}
+	return len(count), twice
+}
+
 func newState() *state {
 	return &state{bindings: map[string]string{}, boundAt: map[string]time.Time{}}
 }
