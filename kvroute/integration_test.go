@@ -314,6 +314,7 @@ func TestIntegrationJSONConfig(t *testing.T) {
 		}]
 	}}}}
 }`, httpPort, httpPort, f[0].addr(), f[1].addr(), f[0].addr(), f[1].addr())
+	captureCaddyLog(t)
 	tester := caddytest.NewTester(t)
 	tester.InitServer(cfg, "json")
 	if t.Failed() {

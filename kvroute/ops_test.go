@@ -19,6 +19,7 @@ const adminURL = "http://localhost:2999"
 // load posts a Caddyfile to the in-process Caddy's admin API.
 func load(t testing.TB, cfg string) {
 	t.Helper()
+	captureCaddyLog(t)
 	resp, err := http.Post(adminURL+"/load", "text/caddyfile", strings.NewReader(cfg))
 	if err != nil {
 		t.Fatal(err)

@@ -25,6 +25,7 @@ import (
 // when the test ends.
 func newPolicy(t testing.TB, p *KVCacheAware) *KVCacheAware {
 	t.Helper()
+	captureCaddyLog(t)
 	if p == nil {
 		p = new(KVCacheAware)
 	}

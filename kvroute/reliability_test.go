@@ -46,6 +46,7 @@ var idleConfig = fmt.Sprintf("{\n\tadmin localhost:2999\n\thttp_port %d\n\thttps
 // the test fails with a dump of the goroutines. Call it first in a test.
 func leakCheck(t *testing.T) {
 	t.Helper()
+	captureCaddyLog(t)
 	if _, dup := leakChecked.LoadOrStore(t, true); dup {
 		return
 	}

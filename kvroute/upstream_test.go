@@ -198,6 +198,7 @@ func chatBody(model string, msgs ...string) string {
 // startCaddy loads config (Caddyfile) into the in-process Caddy of caddytest.
 func startCaddy(t *testing.T, config string) *caddytest.Tester {
 	t.Helper()
+	captureCaddyLog(t)
 	leakCheck(t)
 	tester := caddytest.NewTester(t)
 	tester.InitServer(config, "caddyfile")
