@@ -60,6 +60,27 @@ build_demo() {
 	xbuild "$ROOT/caddy-demo" "$MOD=$ROOT" "$MOD/examples/peers=$ROOT/examples/peers"
 }
 
+# failing_tests LOG lists, from go test's output, each failed package with the tests that failed
+# in it (a test, then its failed subtests); a package that failed without naming a test
+# panicked, timed out or did not build.
+failing_tests() {
+	awk '
+		/^[ \t]*--- FAIL: / {
+			name = $0
+			sub(/^[ \t]*--- FAIL: /, "", name)
+			sub(/ \([0-9.]+s\)$/, "", name)
+			names = names "\n    " name
+			next
+		}
+		/^FAIL[ \t]+[^ \t]/ {
+			printf "  %s%s\n", $2, (names == "" ? ": no test named (a panic, a timeout or a build failure: see its output)" : names)
+			names = ""
+			next
+		}
+		/^ok[ \t]/ { names = "" }
+	' "$1"
+}
+
 cmd=${1:-}
 shift || true
 case "$cmd" in
@@ -95,13 +116,17 @@ test)
 	# and kvroute/cluster/clustertest, which embeds a NATS server, are modules of their own);
 	# one summary line at the end, and a non-zero exit if any
 	# module failed.
-	passed=() failed=()
+	# go test's output is kept too, so that the summary can end with the failing tests' names
+	# (a failing package prints all its output, thousands of lines).
+	passed=() failed=() vetfailed=()
+	out=$(mktemp)
+	trap 'rm -f "$out"' EXIT
 	test_module() { # DIR GO-TEST-FLAGS...
 		local dir=$1 ok=1
 		shift
 		echo "== $dir" >&2
-		(cd "$dir" && go vet ./...) || ok=0
-		(cd "$dir" && go test -race -count 1 "$@" ./...) || ok=0
+		(cd "$dir" && go vet ./...) || { ok=0; vetfailed+=("$dir"); }
+		(cd "$dir" && go test -race -count 1 "$@" ./... 2>&1) | tee -a "$out" || ok=0
 		if ((ok)); then passed+=("$dir"); else failed+=("$dir"); fi
 	}
 	# -p 1: caddytest packages share the admin port 2999.
@@ -110,7 +135,13 @@ test)
 		test_module "$(dirname "$mod")" "$@"
 	done
 	if ((${#failed[@]})); then
+		echo
 		echo "xcaddy.sh test: FAIL in ${#failed[@]} of $((${#passed[@]} + ${#failed[@]})) modules: ${failed[*]}${passed:+ (passed: ${passed[*]})}"
+		if ((${#vetfailed[@]})); then
+			echo "go vet failed in: ${vetfailed[*]}"
+		fi
+		echo "failing tests, by package:"
+		failing_tests "$out"
 		exit 1
 	fi
 	echo "xcaddy.sh test: PASS, all ${#passed[@]} modules: ${passed[*]}"

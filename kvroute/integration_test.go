@@ -188,7 +188,11 @@ func TestIntegrationUnavailableUpstreamSkipped(t *testing.T) {
 	rep, _ := send(t, client, baseURL+"/v1/chat/completions", chatBody("m", prompt))
 	home := f.byName(rep.Upstream)
 	home.setUnhealthy(true)
-	time.Sleep(300 * time.Millisecond)
+	// Caddy's checker takes home out as soon as it reads a failed check's answer (health_fails
+	// 1); by the third failed check, two ticks later, it has read the first. (A fixed 300 ms
+	// was too short for six ticks on a loaded machine.)
+	failed := home.failedChecks()
+	waitUntil(t, 10*time.Second, func() bool { return home.failedChecks() >= failed+3 }, "three failed health checks of "+home.name)
 	for i := 0; i < 10; i++ {
 		rep, resp := send(t, client, baseURL+"/v1/chat/completions", chatBody("m", prompt, fmt.Sprint(i)))
 		if resp.StatusCode != http.StatusOK || rep.Upstream == home.name {
@@ -199,7 +203,7 @@ func TestIntegrationUnavailableUpstreamSkipped(t *testing.T) {
 	// upstream too, which served it meanwhile).
 	home.setUnhealthy(false)
 	i := 0
-	waitUntil(t, 5*time.Second, func() bool {
+	waitUntil(t, 20*time.Second, func() bool {
 		i++
 		rep, _ := send(t, client, baseURL+"/v1/chat/completions", chatBody("m", coldPrompt(i)))
 		return rep.Upstream == home.name
@@ -314,6 +318,7 @@ func TestIntegrationJSONConfig(t *testing.T) {
 		}]
 	}}}}
 }`, httpPort, httpPort, f[0].addr(), f[1].addr(), f[0].addr(), f[1].addr())
+	captureCaddyLog(t)
 	tester := caddytest.NewTester(t)
 	tester.InitServer(cfg, "json")
 	if t.Failed() {

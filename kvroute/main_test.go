@@ -12,6 +12,7 @@ func TestMain(m *testing.M) {
 	// caddytest looks for its test certificates next to its source, which -trimpath (xcaddy,
 	// some CI setups) hides; its tests would then skip silently. These tests need no TLS.
 	caddytest.Default.Certificates = nil
+	redirectCaddyLog()
 	os.Exit(m.Run())
 }
 

@@ -25,6 +25,7 @@ import (
 // when the test ends.
 func newPolicy(t testing.TB, p *KVCacheAware) *KVCacheAware {
 	t.Helper()
+	captureCaddyLog(t)
 	if p == nil {
 		p = new(KVCacheAware)
 	}
@@ -318,17 +319,15 @@ func coldPrompt(i int) string {
 	return fmt.Sprintf("%016x is a cold prompt", x)
 }
 
-func sleepBriefly() { time.Sleep(10 * time.Millisecond) }
-
+// waitFor polls cond until it holds, for up to 10 s: a state that comes in milliseconds may take
+// seconds under -race on a loaded machine, and only a failing test waits that long.
 func waitFor(t testing.TB, cond func() bool, what string) {
 	t.Helper()
-	for i := 0; i < 200; i++ {
-		if cond() {
-			return
+	for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting: %s", what)
 		}
-		sleepBriefly()
 	}
-	t.Fatalf("timed out waiting: %s", what)
 }
 
 // New prefix groups spread over the fleet: a cold request tied on cost and busyness goes to the

@@ -29,6 +29,7 @@ type backend struct {
 	mu        sync.Mutex
 	hang      chan struct{} // when set, requests wait until it is closed
 	unhealthy bool
+	failed    int // health checks answered unhealthy
 }
 
 type backendReply struct {
@@ -55,6 +56,9 @@ func (b *backend) serve(w http.ResponseWriter, r *http.Request) {
 	if r.URL.Path == "/health" {
 		b.mu.Lock()
 		bad := b.unhealthy
+		if bad {
+			b.failed++
+		}
 		b.mu.Unlock()
 		if bad {
 			http.Error(w, "unhealthy", http.StatusServiceUnavailable)
@@ -101,6 +105,13 @@ func (b *backend) setUnhealthy(bad bool) {
 	b.mu.Lock()
 	b.unhealthy = bad
 	b.mu.Unlock()
+}
+
+// failedChecks is how many health checks b answered unhealthy.
+func (b *backend) failedChecks() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.failed
 }
 
 var idempotencyKeys atomic.Int64
@@ -198,6 +209,7 @@ func chatBody(model string, msgs ...string) string {
 // startCaddy loads config (Caddyfile) into the in-process Caddy of caddytest.
 func startCaddy(t *testing.T, config string) *caddytest.Tester {
 	t.Helper()
+	captureCaddyLog(t)
 	leakCheck(t)
 	tester := caddytest.NewTester(t)
 	tester.InitServer(config, "caddyfile")

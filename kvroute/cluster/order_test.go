@@ -33,6 +33,16 @@ func (w *wire) take() []wireMsg {
 // instead of NATS.
 func sender(t *testing.T, cfg Config) (*Node, *wire) {
 	t.Helper()
+	n, w := idleSender(t, cfg)
+	n.wg.Add(1)
+	go n.flusher()
+	return n, w
+}
+
+// idleSender is sender before its flusher starts: what is published meanwhile waits in the
+// queue, and the first batch holds all of it, however slowly the test runs.
+func idleSender(t *testing.T, cfg Config) (*Node, *wire) {
+	t.Helper()
 	n, _ := newTestNode(t, cfg)
 	w := &wire{}
 	n.out = func(subject string, msg []byte) {
@@ -40,8 +50,6 @@ func sender(t *testing.T, cfg Config) (*Node, *wire) {
 		w.msgs = append(w.msgs, wireMsg{subject, bytes.Clone(msg)})
 		w.mu.Unlock()
 	}
-	n.wg.Add(1)
-	go n.flusher()
 	return n, w
 }
 
@@ -217,11 +225,13 @@ func TestBindingNewer(t *testing.T) {
 func TestLiveAndCatchUpAppliedOnce(t *testing.T) {
 	cfg := testConfig()
 	cfg.FlushDelay = 20 * time.Millisecond
-	a, aw := sender(t, cfg)
+	a, aw := idleSender(t, cfg)
 	text := textOf(3000)
 	a.PublishDecision("m", "u1", text)
 	a.PublishBinding("m", a.SessionKey("s1"), "u1", time.Time{})
 	a.PublishForget(a.SessionKey("gone"))
+	a.wg.Add(1)
+	go a.flusher() // one batch: a flush between two of the publishes would split it
 	live := flushed(t, a, aw, 2)
 	if len(live) != 1 {
 		t.Fatalf("%d live messages, want 1 batch", len(live))

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -211,20 +212,34 @@ func TestScraperBadEndpoints(t *testing.T) {
 	}
 }
 
+// The gaps between failed scrapes double up to MaxBackoff: each is checked against its lower
+// bound (a loaded machine only makes gaps longer), not a count of scrapes in a fixed time.
 func TestScraperBacksOff(t *testing.T) {
-	var hits atomic.Int64
+	var (
+		mu   sync.Mutex
+		hits []time.Time
+	)
 	ts := serve(t, func(w http.ResponseWriter, r *http.Request) {
-		hits.Add(1)
+		mu.Lock()
+		hits = append(hits, time.Now())
+		mu.Unlock()
 		http.NotFound(w, r)
 	})
 	opts := Options{Interval: 5 * time.Millisecond, MaxBackoff: 80 * time.Millisecond, Timeout: 100 * time.Millisecond}
 	s := newScraper(t, opts)
 	s.Add(Target{Key: "u", URL: ts.URL + "/metrics"})
-	time.Sleep(600 * time.Millisecond)
+	const failures = 6
+	waitFor(t, fmt.Sprintf("%d failed scrapes", failures), func() bool { mu.Lock(); defer mu.Unlock(); return len(hits) >= failures })
 	s.Stop()
-	// Without backoff: ~120 scrapes. With it: 5+10+20+40 ms, then one per 80 ms: about 10.
-	if n := hits.Load(); n < 3 || n > 20 {
-		t.Errorf("%d scrapes in 600ms", n)
+	mu.Lock()
+	defer mu.Unlock()
+	// Without backoff every gap would be about 5 ms. With it, after k failures: 5 ms << k,
+	// at most 80 ms, less 10% of jitter.
+	for k := 1; k < failures; k++ {
+		want := time.Duration(0.9 * float64(min(opts.Interval<<k, opts.MaxBackoff)))
+		if gap := hits[k].Sub(hits[k-1]); gap < want {
+			t.Errorf("%v between failure %d and the next scrape, want at least %v", gap, k, want)
+		}
 	}
 	if w := s.wait(0); w < 4*time.Millisecond || w > 6*time.Millisecond {
 		t.Errorf("wait(0) = %v", w)
@@ -287,7 +302,9 @@ func TestScraperStopLeavesNoGoroutine(t *testing.T) {
 	waitFor(t, "readings", func() bool { snap := s.Snapshot("a"); return snap != nil && snap.Counts[OutcomeOK] > 2 })
 	start := time.Now()
 	s.Stop()
-	if d := time.Since(start); d > time.Second {
+	// Waiting for the scrapes in flight would take their minute-long timeout; 10 s leaves room
+	// for a loaded machine.
+	if d := time.Since(start); d > 10*time.Second {
 		t.Errorf("Stop took %v with scrapes in flight", d)
 	}
 	waitFor(t, "goroutines to end", func() bool { return runtime.NumGoroutine() <= base })
@@ -296,25 +313,29 @@ func TestScraperStopLeavesNoGoroutine(t *testing.T) {
 // TestSnapshotNeverWaits reads snapshots while every target's scrape hangs.
 func TestSnapshotNeverWaits(t *testing.T) {
 	var slow atomic.Bool
+	var hanging atomic.Int64
 	ts := serve(t, func(w http.ResponseWriter, r *http.Request) {
 		if slow.Load() {
+			hanging.Add(1)
 			<-r.Context().Done()
 			return
 		}
 		w.Write(fixture(t, "tgi_docs.txt"))
 	})
-	s := newScraper(t, Options{Interval: time.Millisecond, Timeout: 10 * time.Second})
+	s := newScraper(t, Options{Interval: time.Millisecond, Timeout: time.Minute})
 	s.Add(Target{Key: "u", URL: ts.URL + "/metrics"})
 	waitFor(t, "a reading", func() bool { return s.Snapshot("u") != nil })
 	slow.Store(true)
-	time.Sleep(20 * time.Millisecond) // a scrape is now hanging
+	waitFor(t, "a hanging scrape", func() bool { return hanging.Load() > 0 })
 	start := time.Now()
 	for range 100000 {
 		if snap := s.Snapshot("u"); snap == nil || snap.Reading.Running != 4 {
 			t.Fatal("lost the reading")
 		}
 	}
-	if d := time.Since(start); d > 2*time.Second {
+	// Waiting on the scrape would take its minute-long timeout; 100000 atomic loads take
+	// milliseconds, a second or so under -race on a loaded machine.
+	if d := time.Since(start); d > 10*time.Second {
 		t.Errorf("100000 snapshots took %v", d)
 	}
 }
@@ -412,9 +433,10 @@ func TestReadingTimeIsTheAnswer(t *testing.T) {
 	s := newScraper(t, Options{Interval: time.Hour, Timeout: 5 * time.Second})
 	s.Add(Target{Key: "u", URL: ts.URL + "/metrics"})
 	waitFor(t, "the first reading, soon after Add despite the hour-long interval", func() bool { return s.Snapshot("u") != nil })
+	seen := time.Now()
 	snap := s.Snapshot("u")
-	if d := snap.Reading.At.Sub(snap.Attempted); d < 60*time.Millisecond || d > 2*time.Second {
-		t.Errorf("reading dated %v after the attempt began, want the answer's time (60ms or more)", d)
+	if d := snap.Reading.At.Sub(snap.Attempted); d < 60*time.Millisecond || snap.Reading.At.After(seen) {
+		t.Errorf("reading dated %v after the attempt began (%v before it was seen), want the answer's time (60ms or more, before it was seen)", d, seen.Sub(snap.Reading.At))
 	}
 }
 
@@ -533,8 +555,15 @@ func TestScraperSkipAndAdopt(t *testing.T) {
 	h := page(t, "vllm_v1_qwen3.txt")
 	ts := serve(t, func(w http.ResponseWriter, r *http.Request) { gets.Add(1); h(w, r) })
 	var skip atomic.Bool
+	var skipped atomic.Int64 // scrapes of a left out
 	opts := fast
-	opts.Skip = func(key string) bool { return key == "a" && skip.Load() }
+	opts.Skip = func(key string) bool {
+		if key == "a" && skip.Load() {
+			skipped.Add(1)
+			return true
+		}
+		return false
+	}
 	s := newScraper(t, opts)
 	if _, _, ok := s.Adopt("a", Reading{At: time.Now()}); ok {
 		t.Error("adopted a reading of a target that is not read")
@@ -544,9 +573,11 @@ func TestScraperSkipAndAdopt(t *testing.T) {
 	}
 	waitFor(t, "an own reading", func() bool { return s.Snapshot("a").Fresh(time.Now(), time.Second) })
 	skip.Store(true)
-	time.Sleep(3 * opts.Interval) // a scrape in flight when Skip turned may still land
+	// A scrape that asked Skip before it turned may land however late; the target's loop runs
+	// one scrape at a time, so once it asks again that one is over.
+	waitFor(t, "a scrape left out", func() bool { return skipped.Load() >= 1 })
 	before := gets.Load()
-	time.Sleep(10 * opts.Interval)
+	waitFor(t, "ten more scrapes left out", func() bool { return skipped.Load() >= 11 })
 	if n := gets.Load() - before; n != 0 {
 		t.Errorf("%d reads while Skip said no", n)
 	}

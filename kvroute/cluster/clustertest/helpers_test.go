@@ -118,9 +118,13 @@ func join(t testing.TB, cfg cluster.Config) *member {
 	return m
 }
 
-// eventually polls cond every 10ms for up to d.
+// eventually polls cond every 10ms until it holds. d is how long that may take on an idle
+// machine; it waits at least 10 s, since under -race on a loaded machine a message or a timer
+// can take seconds, and only a failing test waits that long. A bound that a test asserts is
+// checked apart (a measured time, or a TTL far beyond the wait).
 func eventually(t testing.TB, d time.Duration, what string, cond func() bool) {
 	t.Helper()
+	d = max(d, 10*time.Second)
 	deadline := time.Now().Add(d)
 	for !cond() {
 		if time.Now().After(deadline) {
