@@ -2,18 +2,25 @@ package kvroute
 
 import (
 	"bufio"
+	"bytes"
+	"encoding/json"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"testing"
 
+	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 )
 
-// Every ```caddyfile block of the README and docs/ is a whole Caddyfile that adapts, and so is
-// every example Caddyfile: the docs cannot drift from the code. Fragments that are not a whole
-// Caddyfile take another fence.
+// Every ```caddyfile block of the README and docs/ is a whole Caddyfile that is formatted as
+// `caddy fmt` writes it and passes `caddy validate` (with the environment it documents in an
+// "Environment:" comment), and so is every shipped Caddyfile: the docs cannot drift from the
+// code, and a user who copies one never sees "Caddyfile input is not formatted". Fragments
+// that are not a whole Caddyfile take another fence.
 func TestDocsCaddyfilesAdapt(t *testing.T) {
 	docs, _ := filepath.Glob("../docs/*.md")
 	docs = append(docs, "../README.md", "../examples/README.md")
@@ -69,19 +76,50 @@ func caddyfileBlocks(t *testing.T, path string) []docBlock {
 	return out
 }
 
+// documentedEnv finds the environment variables a Caddyfile says it needs: comment lines
+// "# Environment: NAME[, NAME...]" followed by anything.
+var documentedEnv = regexp.MustCompile(`(?m)^\s*#\s*Environment:\s*([A-Z_][A-Z0-9_]*(?:\s*,\s*[A-Z_][A-Z0-9_]*)*)`)
+
+// adapt runs what `caddy fmt`, `caddy adapt` and `caddy validate` do to text.
 func adapt(t *testing.T, where, text string) {
 	t.Helper()
+	if formatted := caddyfile.Format([]byte(text)); !bytes.Equal(formatted, []byte(text)) {
+		t.Errorf("%s: not formatted as `caddy fmt` writes it (run `caddy fmt --overwrite`); first difference at line %d", where, firstDiffLine(text, string(formatted)))
+	}
 	ad := caddyconfig.GetAdapter("caddyfile")
 	if ad == nil {
 		t.Fatal("no caddyfile adapter registered")
 	}
-	_, warnings, err := ad.Adapt([]byte(text), map[string]any{"filename": where})
-	if err != nil {
-		t.Errorf("%s: caddy adapt: %v", where, err)
-	}
-	for _, w := range warnings {
-		if w.Message != "" && !strings.Contains(w.Message, "formatted") {
-			t.Logf("%s: %s", where, w.Message)
+	for _, m := range documentedEnv.FindAllStringSubmatch(text, -1) {
+		for _, name := range strings.Split(m[1], ",") {
+			t.Setenv(strings.TrimSpace(name), "documented-value-0123456789abcdef")
 		}
 	}
+	out, warnings, err := ad.Adapt([]byte(text), map[string]any{"filename": where})
+	if err != nil {
+		t.Errorf("%s: caddy adapt: %v", where, err)
+		return
+	}
+	for _, w := range warnings {
+		if w.Message != "" {
+			t.Errorf("%s:%d: caddy adapt warns: %s", where, w.Line, w.Message)
+		}
+	}
+	var cfg caddy.Config
+	if err := json.Unmarshal(out, &cfg); err != nil {
+		t.Fatalf("%s: adapted JSON: %v", where, err)
+	}
+	if err := caddy.Validate(&cfg); err != nil {
+		t.Errorf("%s: caddy validate: %v", where, err)
+	}
+}
+
+func firstDiffLine(a, b string) int {
+	la, lb := strings.Split(a, "\n"), strings.Split(b, "\n")
+	for i := range min(len(la), len(lb)) {
+		if la[i] != lb[i] {
+			return i + 1
+		}
+	}
+	return min(len(la), len(lb)) + 1
 }
