@@ -230,6 +230,12 @@ func TestLateBindingAfterForget(t *testing.T) {
 	if h9, h8 := st.get("m", "k9"), st.get("m", "k8"); h9.upstream != "" || h8.upstream != "" {
 		t.Errorf("bindings made before a reset or a local forget: %+v %+v", h9, h8)
 	}
+	// A version 1 peer's live binding, dated by its message, made after the reset, applies.
+	v1 := appendString(appendString(appendString([]byte{recBinding}, "m"), "k6"), "u6")
+	n.receive(kindData, seal(nil, third.aead, header{version: 1, kind: kindData, sender: third.id, seq: third.seq.Add(1), nanos: time.Now().Add(n.cfg.FlushDelay).UnixNano()}, v1))
+	if h := st.get("m", "k6"); h.upstream != "u6" {
+		t.Errorf("a version 1 live binding after a reset: %+v", h)
+	}
 }
 
 // TestReturningPeerAskedFromWhereItLeft: a peer dropped after a long silence, whose history

@@ -436,7 +436,11 @@ func (n *Node) apply(p *peer, kind byte, h header, r *record, now time.Time, sp 
 		// A binding made before an admin forgot its session, or reset the fleet, may still
 		// come: in a catch-up reply a third peer built before it heard the forget, or from a
 		// peer whose message was slower. It must not bring back what the admin removed.
-		if n.tombs.buries(r.sessionKey, r.at, now) {
+		made := int64(0)
+		if !at.IsZero() {
+			made = at.UnixNano()
+		}
+		if n.tombs.buries(r.sessionKey, made, now) {
 			n.st.bindingsRefused.Add(1)
 			return
 		}
