@@ -290,8 +290,8 @@ func (h clusterHandler) Decision(model, upstream, text string) {
 
 // Binding applies a peer's binding only when it is newer than the one held: a catch-up reply
 // can bring one replica's older binding after another's newer one.
-func (h clusterHandler) Binding(model, sessionKey, upstream string, at time.Time) {
-	h.s.sessions.bindPeer(boundKey(model, maxModelLen), sessionKey, upstream, at, time.Now())
+func (h clusterHandler) Binding(model, sessionKey, upstream string, at time.Time) bool {
+	return h.s.sessions.bindPeer(boundKey(model, maxModelLen), sessionKey, upstream, at, time.Now())
 }
 
 func (h clusterHandler) Forget(sessionKey string) {

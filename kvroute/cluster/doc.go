@@ -26,13 +26,19 @@
 //
 // Anyone who can publish or subscribe on the NATS server (NATS's own auth, creds and TLS decide
 // who can) but does not hold the secret can neither read prompts or session ids, nor make a
-// replica apply anything: every message fails to open and is counted, and what fails costs one
-// AES-GCM open, never memory beyond NATS's pending limits. Such a party still sees message
-// sizes and timing, hence the rate of decisions and each decision's compressed size (compression
-// never spans two decisions, so a size depends on one client's prompt alone), and can drop
-// messages if it controls the server. Replayed messages are rejected by sequence number, old ones
-// by time (replay_window; replicas' clocks must agree within it). A replica that holds the
-// secret is trusted with routing (it can steer decisions, as its own requests could) but not
-// with memory: every field, record, peer table, fragment and catch-up log is bounded, and one
-// peer's messages are rate limited (peer_rate).
+// replica apply anything of its own: a message's clear header has a tag of its own, checked
+// before the payload, so a forged message (even one claiming a live peer's id and a current
+// time) costs one GCM tag over 35 bytes and no allocation, and is counted. Replays are refused
+// by sequence number, by time (replay_window; replicas' clocks must agree within it), and, for
+// a node that joined after a message was sealed (joinSkew allowed), by its join time: a joiner
+// learns history only from catch-up replies bound to its id. What a replay can still do is
+// deliver once, within replay_window, a message a node never heard while connected (sealed
+// in the second before it joined, or while it was disconnected). Such a party still sees
+// message sizes and timing, hence the rate of decisions and each decision's compressed size
+// (compression never spans two decisions, so a size depends on one client's prompt alone), can
+// drop messages if it controls the server, and can fill NATS's pending limits (dropped_slow).
+// Version 1 and 2 messages (no header tag) are opened within a byte budget shared by all
+// senders (legacyRate). A replica that holds the secret is trusted with routing (it can steer
+// decisions, as its own requests could) but not with memory: every field, record, peer table,
+// fragment and catch-up log is bounded, and one peer's messages are rate limited (peer_rate).
 package cluster

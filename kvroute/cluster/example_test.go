@@ -17,10 +17,12 @@ type fleetState struct {
 
 // The Handler's methods apply a peer's observation as the local decision path would: insert
 // text into model's tree under upstream, bind or forget a session, drop everything.
-func (s *fleetState) Decision(model, upstream, text string)                    {}
-func (s *fleetState) Binding(model, sessionKey, upstream string, at time.Time) {}
-func (s *fleetState) Forget(sessionKey string)                                 {}
-func (s *fleetState) Reset()                                                   {}
+func (s *fleetState) Decision(model, upstream, text string) {}
+func (s *fleetState) Binding(model, sessionKey, upstream string, at time.Time) bool {
+	return true
+}
+func (s *fleetState) Forget(sessionKey string) {}
+func (s *fleetState) Reset()                   {}
 
 // loads is the LoadSource: a copy, since the node reads it on its own goroutine.
 func (s *fleetState) loads() map[string]int64 {

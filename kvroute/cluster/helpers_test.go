@@ -28,8 +28,9 @@ func (r *recorder) add(s string) {
 func (r *recorder) Decision(model, upstream, text string) {
 	r.add(fmt.Sprintf("decision %s %s %d:%s", model, upstream, len(text), short(text)))
 }
-func (r *recorder) Binding(model, sk, upstream string, at time.Time) {
+func (r *recorder) Binding(model, sk, upstream string, at time.Time) bool {
 	r.add(fmt.Sprintf("binding %s %s %s", model, sk, upstream))
+	return true
 }
 func (r *recorder) Forget(sk string) { r.add("forget " + sk) }
 func (r *recorder) Reset()           { r.add("reset") }

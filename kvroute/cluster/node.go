@@ -34,8 +34,9 @@ type Handler interface {
 	// at time at by its clock (zero when unknown: a catch-up reply from a peer that predates
 	// binding times). Bindings of one session arrive in any order (live, and in catch-up
 	// replies from several peers): the Handler applies one only when BindingNewer says it
-	// replaces the one it holds, so that every replica ends on the same binding.
-	Binding(model, sessionKey, upstream string, at time.Time)
+	// replaces the one it holds, so that every replica ends on the same binding, and reports
+	// whether it applied it.
+	Binding(model, sessionKey, upstream string, at time.Time) bool
 	// Forget: an admin forgot the session whose SessionKey is sessionKey (all models).
 	Forget(sessionKey string)
 	// Reset: an admin dropped all trees and bindings.
@@ -74,16 +75,29 @@ type Node struct {
 	// (the message's buffer is reused after it returns).
 	out func(subject string, msg []byte)
 
-	rmu     sync.Mutex // receive side: peers, plain, closed
-	peers   map[uint64]*peer
+	rmu   sync.Mutex // receive side: peers, gone, plain, scratch, legacy, closed
+	peers map[uint64]*peer
+	// gone: peers dropped after a long silence whose history this node held, with the last
+	// sequence number it holds (dropPeer).
+	gone    map[uint64]uint64
 	plain   []byte
 	textBuf []byte
+	scratch scratch
+	legacy  bucket // version 1 and 2 messages opened (legacyRate)
 	closed  bool
+	// joined is when this node's first subscriptions were in place (unix nanos; 0 before):
+	// live messages sealed before it (joinSkew allowed) are replays. joinedFinal: the first
+	// connection was up and flushed, so joined no longer moves.
+	joined      atomic.Int64
+	joinedFinal atomic.Bool
 	// fragBytes is what all peers' partial fragmented records hold together.
 	fragBytes int
 	peerLoad  atomic.Pointer[map[string]int64]
 
 	own ownLog
+	// tombs: sessions an admin forgot, and the last reset, so that a late binding made before
+	// them is not applied (tombs.go).
+	tombs tombstones
 
 	sessPool sync.Pool
 
@@ -167,9 +181,11 @@ func newNode(cfg Config, h Handler, loads LoadSource, logger *slog.Logger) (*Nod
 		syncJobs: make(chan syncJob, 16),
 		served:   make(map[uint64]servedSync),
 		peers:    make(map[uint64]*peer),
+		gone:     make(map[uint64]uint64),
 		done:     make(chan struct{}),
 	}
 	n.own.init(cfg.LogBytes)
+	n.tombs.init(2 * cfg.ReplayWindow)
 	n.sessPool.New = func() any {
 		return &sessionDigest{mac: hmac.New(sha256.New, n.keys.session), sum: make([]byte, 0, sha256.Size)}
 	}
@@ -244,6 +260,9 @@ func (n *Node) connect(opts []nats.Option) {
 		n.log.Error("cluster: NATS connect", "error", err)
 		return
 	}
+	// Until the first connection is up and flushed (connected), the time of subscribing is
+	// the join time: nothing sealed long before it can have been meant for this node.
+	n.joined.CompareAndSwap(0, time.Now().UnixNano())
 	subs := []struct {
 		subject string
 		kind    byte
@@ -288,6 +307,12 @@ func (n *Node) connected(what string) {
 	// subscriptions (a round trip) before asking, or the first replies are lost.
 	if err := nc.FlushTimeout(2 * time.Second); err != nil {
 		n.debug("flush", "cluster: NATS flush before catch-up", "error", err)
+	} else if n.joinedFinal.CompareAndSwap(false, true) {
+		// The server has the subscriptions: from now on this node hears what is published,
+		// and what was sealed before reaches it only through the catch-up (addressed to it).
+		// A reconnect does not move it: a peer's reconnect buffer may deliver messages
+		// sealed while this node was away, which are not replays.
+		n.joined.Store(time.Now().UnixNano())
 	}
 	n.log.Info("cluster: NATS "+what, "id", n.idHex)
 	select {
@@ -380,12 +405,15 @@ func BindingNewer(at time.Time, upstream string, heldAt time.Time, heldUpstream 
 
 // PublishForget queues an admin forget of a session (sessionKey from SessionKey).
 func (n *Node) PublishForget(sessionKey string) {
+	now := time.Now()
+	n.tombs.forget(sessionKey, now.UnixNano(), now)
 	n.enqueue(item{kind: recForget, b: sessionKey}, 0)
 }
 
 // PublishReset queues an admin reset: peers drop their trees and bindings, and every node drops
 // its catch-up log, so that a late joiner does not learn what was reset.
 func (n *Node) PublishReset() {
+	n.tombs.reset(time.Now().UnixNano())
 	n.enqueue(item{kind: recReset}, 0)
 }
 
@@ -433,13 +461,22 @@ func (n *Node) PeerLoads() map[string]int64 {
 // debug logs at most one line per reason every 10s: a flood of bad messages must not become a
 // flood of log lines.
 func (n *Node) debug(reason, msg string, args ...any) {
-	v, _ := n.lastLog.LoadOrStore(reason, new(atomic.Int64))
+	if n.logDue(reason) {
+		n.log.Debug(msg, args...)
+	}
+}
+
+// logDue reports whether a line for reason may be logged now (one every 10s), and if so
+// takes the turn. It allocates only the first time a reason is seen.
+func (n *Node) logDue(reason string) bool {
+	v, ok := n.lastLog.Load(reason)
+	if !ok {
+		v, _ = n.lastLog.LoadOrStore(reason, new(atomic.Int64))
+	}
 	last := v.(*atomic.Int64)
 	now := time.Now().UnixNano()
-	if prev := last.Load(); now-prev < int64(10*time.Second) || !last.CompareAndSwap(prev, now) {
-		return
-	}
-	n.log.Debug(msg, args...)
+	prev := last.Load()
+	return now-prev >= int64(10*time.Second) && last.CompareAndSwap(prev, now)
 }
 
 // truncateText cuts s to at most max bytes at a rune boundary: a prefix of a routing text is

@@ -116,13 +116,27 @@ type heldBinding struct {
 	at       time.Time
 }
 
-func (s *store) Binding(model, sk, upstream string, at time.Time) {
+func (s *store) Binding(model, sk, upstream string, at time.Time) bool {
 	s.recorder.Binding(model, sk, upstream, at)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	k := model + " " + sk
 	if h, ok := s.m[k]; !ok || BindingNewer(at, upstream, h.at, h.upstream) {
 		s.m[k] = heldBinding{upstream, at}
+		return true
+	}
+	return false
+}
+
+// Forget drops the session's bindings, as the session store does.
+func (s *store) Forget(sk string) {
+	s.recorder.Forget(sk)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for k := range s.m {
+		if strings.HasSuffix(k, " "+sk) {
+			delete(s.m, k)
+		}
 	}
 }
 
@@ -317,11 +331,11 @@ func TestOldPeerRecords(t *testing.T) {
 	if n.Stats().RejectedMalformed != bad+1 {
 		t.Error("origin record in a version 1 message accepted")
 	}
-	// Version 3 is not read.
-	v3 := seal(nil, peer.aead, header{version: 3, kind: kindData, sender: peer.id, seq: peer.seq.Add(1), nanos: time.Now().UnixNano()}, appendReset(nil))
+	// Version 4 is not read.
+	v3 := seal(nil, peer.aead, header{version: 4, kind: kindData, sender: peer.id, seq: peer.seq.Add(1), nanos: time.Now().UnixNano()}, appendReset(nil))
 	n.receive(kindData, v3)
 	if n.Stats().RejectedMalformed != bad+2 || strings.Contains(strings.Join(st.got(), ","), "reset") {
-		t.Error("version 3 message accepted")
+		t.Error("version 4 message accepted")
 	}
 }
 

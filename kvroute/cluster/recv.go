@@ -4,6 +4,8 @@ import (
 	"github.com/klauspost/compress/s2"
 
 	"crypto/cipher"
+	"crypto/hmac"
+	"crypto/sha256"
 	"errors"
 	"strconv"
 	"time"
@@ -30,10 +32,7 @@ type peer struct {
 	// no record of it lost: a fragment missing, a text that did not decode, a binding
 	// refused). Only those let a catch-up reply skip its records as heard already; a message
 	// merely seen does not.
-	applied [windowBits / 64]uint64
-	// firstSeq is the first sequence number accepted from the peer: what it published before
-	// was never heard live.
-	firstSeq  uint64
+	applied   [windowBits / 64]uint64
 	firstSeen time.Time
 	lastHeard time.Time
 	lag       time.Duration // receive time minus send time of the last message: delay plus skew
@@ -68,9 +67,6 @@ func (p *peer) accept(seq uint64) bool {
 	if seq == 0 {
 		return false
 	}
-	if p.firstSeq == 0 {
-		p.firstSeq = seq
-	}
 	if seq > p.maxSeq {
 		if seq-p.maxSeq >= windowBits {
 			p.window = [windowBits / 64]uint64{}
@@ -96,6 +92,19 @@ func (p *peer) accept(seq uint64) bool {
 	}
 	*w |= bit
 	return true
+}
+
+// seen reports whether accept would refuse seq, without remembering it.
+func (p *peer) seen(seq uint64) bool {
+	switch {
+	case seq == 0:
+		return true
+	case seq > p.maxSeq:
+		return false
+	case p.maxSeq-seq >= windowBits:
+		return true
+	}
+	return p.window[(seq%windowBits)/64]&(1<<(seq%64)) != 0
 }
 
 // isCovered reports whether the decisions and bindings of the message seq, just accepted, were
@@ -160,13 +169,55 @@ func allowed(kind, typ byte) bool {
 	return false
 }
 
+// Bounds on the work a message may cost before it authenticates.
+const (
+	// maxSyncMessage caps a sync request, whose seen list a sender cuts at maxSeen peers: a
+	// larger one is turned away unopened.
+	maxSyncMessage = overhead + 16 + 16*maxSeen
+	// legacyRate bounds the bytes per second of version 1 and 2 messages opened, all senders
+	// together: they have no header tag, so each costs its whole size before it can fail. A
+	// rolling upgrade's old replicas fit in it (a decision is a few KB compressed); a forger
+	// who uses the old format gets at most this much decrypted, and the rest is dropped.
+	legacyRate = 8 << 20
+)
+
+// The reasons a message is turned away before it authenticates: values, so that turning one
+// away allocates nothing.
+var (
+	errSyncTooLarge = errors.New("sync request larger than any peer sends")
+	errStale        = errors.New("message time outside replay_window (or clocks apart)")
+	errBeforeJoin   = errors.New("message sealed before this node joined the fleet: a replay, or the sender's clock is behind")
+	errHeaderAuth   = errors.New("header fails to authenticate: wrong secret or name, or forged")
+	errSeen         = errors.New("sequence number seen before")
+	errOpen         = errors.New("message fails to open: wrong secret or name, or forged")
+)
+
+// joinSkew is how far before this node's first subscription a live message may say it was
+// sealed and still be read: a message published before the subscription reached the server is
+// never delivered to it, so an older one that arrives is a replay, unless the sender's clock is
+// behind this one's. NTP keeps clocks within milliseconds; a second leaves room for a sender's
+// message sealed before a round trip of the subscription, and bounds what a recording of the
+// fleet can replay into a joiner to what was sealed in the second before it joined.
+const joinSkew = time.Second
+
 // receive handles one message from NATS; kind is what its subject says it must be.
+//
+// What a message may cost before it authenticates is bounded, so that a flood from someone
+// without the secret, claiming live peers' ids with a current time, cannot starve them: the
+// checks on the clear header come first (size for its kind, time, join time), then the header
+// tag (one GCM tag over 35 bytes with the sender's key, kept in the peer table for known
+// peers), then the sequence number (a replay is turned away before its payload is decrypted);
+// only then is the payload opened, into a buffer the node keeps.
 func (n *Node) receive(kind byte, msg []byte) {
 	n.st.received.Add(1)
 	n.st.receivedBytes.Add(uint64(len(msg)))
 	h, err := parseHeader(msg)
 	if err != nil || h.kind != kind {
 		n.reject(&n.st.rejectedMalformed, "malformed", err)
+		return
+	}
+	if kind == kindSyncReq && len(msg) > maxSyncMessage {
+		n.reject(&n.st.rejectedMalformed, "malformed", errSyncTooLarge)
 		return
 	}
 	if kind == kindSyncData {
@@ -179,7 +230,13 @@ func (n *Node) receive(kind byte, msg []byte) {
 	now := time.Now()
 	sent := time.Unix(0, h.nanos)
 	if d := now.Sub(sent); d > n.cfg.ReplayWindow || d < -n.cfg.ReplayWindow {
-		n.reject(&n.st.rejectedStale, "stale", errors.New("message time outside replay_window (or clocks apart)"))
+		n.reject(&n.st.rejectedStale, "stale", errStale)
+		return
+	}
+	// A catch-up reply is addressed to this node's id, new with this run, so none can predate
+	// it; any other message sealed before this node joined was never meant for it.
+	if joined := n.joined.Load(); kind != kindSyncData && joined != 0 && h.nanos < joined-int64(min(joinSkew, n.cfg.ReplayWindow)) {
+		n.reject(&n.st.rejectedReplay, "replay", errBeforeJoin)
 		return
 	}
 
@@ -192,19 +249,43 @@ func (n *Node) receive(kind byte, msg []byte) {
 	aead := n.aead
 	if p != nil {
 		aead = p.aead
-	} else if aead, err = n.keys.aeadFor(h.sender); err != nil {
+	} else {
+		if n.scratch.mac == nil {
+			n.scratch.mac = hmac.New(sha256.New, n.keys.seal)
+		}
+		aead, err = aeadWith(n.scratch.mac, &n.scratch.key, h.sender)
+	}
+	if err != nil {
 		n.reject(&n.st.rejectedAuth, "auth", err)
 		return
 	}
-	plain, err := open(n.plain[:0], aead, h, msg)
-	if err != nil {
-		n.reject(&n.st.rejectedAuth, "auth", errors.New("message fails to open: wrong secret or name, or forged"))
+	if h.version >= headerTagVersion {
+		if !headerOK(&n.scratch, aead, h, msg) {
+			n.reject(&n.st.rejectedAuth, "auth", errHeaderAuth)
+			return
+		}
+	} else if !n.legacy.take(now, len(msg)) {
+		n.st.droppedFlood.Add(1)
+		n.debug("legacy", "cluster: version 1 or 2 messages over their budget; message dropped", "bytes_per_second", legacyRate)
 		return
 	}
-	if cap(plain) <= 2<<20 {
-		// Keep the buffer for the next message, unless a server with a huge max_payload
-		// made it large.
-		n.plain = plain[:0]
+	if p != nil && p.seen(h.seq) {
+		// A captured header in front of another payload, or a plain replay: turned away
+		// before the payload is decrypted.
+		n.reject(&n.st.rejectedReplay, "replay", errSeen)
+		return
+	}
+	if need := len(msg) - payloadOffset(h.version) - tagLen; cap(n.plain) < need {
+		n.plain = make([]byte, 0, need)
+	}
+	plain, err := open(n.plain[:0], aead, h, msg)
+	if cap(n.plain) > 2<<20 {
+		// A server with a huge max_payload made it large: do not keep that.
+		n.plain = nil
+	}
+	if err != nil {
+		n.reject(&n.st.rejectedAuth, "auth", errOpen)
+		return
 	}
 	if p == nil {
 		if p = n.addPeer(h.sender, aead, now); p == nil {
@@ -214,7 +295,7 @@ func (n *Node) receive(kind byte, msg []byte) {
 		}
 	}
 	if !p.accept(h.seq) {
-		n.reject(&n.st.rejectedReplay, "replay", errors.New("sequence number seen before"))
+		n.reject(&n.st.rejectedReplay, "replay", errSeen)
 		return
 	}
 	if !p.allow(now, n.cfg.PeerRate) {
@@ -232,7 +313,9 @@ func (n *Node) receive(kind byte, msg []byte) {
 	// only the rest (forget, reset, load); a reply's records are skipped from an origin on
 	// that names a message heard live.
 	sp := span{skip: kind == kindData && p.isCovered(h.seq)}
-	if err := decodeRecords(plain, h.version, n.cfg.MaxText, func(r *record) { n.apply(p, kind, h, r, now, &sp, true) }); err != nil {
+	err = decodeRecords(plain, h.version, n.cfg.MaxText, func(r *record) { n.apply(p, kind, h, r, now, &sp, true) })
+	n.bury(&sp, h, now)
+	if err != nil {
 		// Authenticated but malformed: a peer with the secret and a bug, or another version.
 		n.reject(&n.st.rejectedMalformed, "malformed", err)
 		return
@@ -242,9 +325,33 @@ func (n *Node) receive(kind byte, msg []byte) {
 	}
 }
 
+// bucket is a token bucket of bytes.
+type bucket struct {
+	tokens float64
+	at     time.Time
+}
+
+// take reports whether size bytes fit the budget of legacyRate per second (a burst of twice
+// as many), and takes them.
+func (b *bucket) take(now time.Time, size int) bool {
+	if b.at.IsZero() {
+		b.tokens = 2 * legacyRate
+	} else {
+		b.tokens = min(b.tokens+now.Sub(b.at).Seconds()*legacyRate, 2*legacyRate)
+	}
+	b.at = now
+	if b.tokens < float64(size) {
+		return false
+	}
+	b.tokens -= float64(size)
+	return true
+}
+
 func (n *Node) reject(counter interface{ Add(uint64) uint64 }, reason string, err error) {
 	counter.Add(1)
-	n.debug(reason, "cluster: message rejected", "reason", reason, "error", err)
+	if n.logDue(reason) {
+		n.log.Debug("cluster: message rejected", "reason", reason, "error", err)
+	}
 }
 
 // addPeer tracks a new peer, making room by forgetting the longest silent one when that one
@@ -260,10 +367,14 @@ func (n *Node) addPeer(id uint64, aead cipher.AEAD, now time.Time) *peer {
 		if now.Sub(oldest.lastHeard) <= n.cfg.LoadTTL {
 			return nil
 		}
-		n.fragBytes -= len(oldest.frag.buf)
-		delete(n.peers, oldest.id)
+		n.dropPeer(oldest)
 	}
 	p := &peer{id: id, aead: aead, firstSeen: now, lastHeard: now, tokens: float64(2 * n.cfg.PeerRate), tokensAt: now}
+	if seq, ok := n.gone[id]; ok {
+		// Its history up to seq is held here still: what the catch-up lacks is what follows.
+		p.synced, p.resume, p.resumeSet = true, seq, true
+		delete(n.gone, id)
+	}
 	n.peers[id] = p
 	return p
 }
@@ -273,6 +384,9 @@ func (n *Node) addPeer(id uint64, aead cipher.AEAD, now time.Time) *peer {
 type span struct {
 	skip   bool
 	failed bool // a record of the message was lost (a fragment missing, a bad text, a refused binding)
+	// forgets and reset: what the message forgot, buried once it is applied whole (bury).
+	forgets []string
+	reset   bool
 }
 
 // apply hands one authenticated record to the Handler. top is false inside a reassembled
@@ -319,12 +433,28 @@ func (n *Node) apply(p *peer, kind byte, h header, r *record, now time.Time, sp 
 			n.reject(&n.st.rejectedStale, "stale", errors.New("binding dated ahead of this node's clock by more than replay_window"))
 			return
 		}
-		n.st.bindingsReceived.Add(1)
-		n.h.Binding(r.model, r.sessionKey, r.upstream, at)
+		// A binding made before an admin forgot its session, or reset the fleet, may still
+		// come: in a catch-up reply a third peer built before it heard the forget, or from a
+		// peer whose message was slower. It must not bring back what the admin removed.
+		made := int64(0)
+		if !at.IsZero() {
+			made = at.UnixNano()
+		}
+		if n.tombs.buries(r.sessionKey, made, now) {
+			n.st.bindingsRefused.Add(1)
+			return
+		}
+		if n.h.Binding(r.model, r.sessionKey, r.upstream, at) {
+			n.st.bindingsReceived.Add(1)
+		} else {
+			n.st.bindingsRefused.Add(1)
+		}
 	case recForget:
+		sp.forgets = append(sp.forgets, r.sessionKey)
 		n.own.forget(r.sessionKey)
 		n.h.Forget(r.sessionKey)
 	case recReset:
+		sp.reset = true
 		n.own.reset()
 		n.h.Reset()
 	case recLoad:
@@ -361,6 +491,21 @@ func (n *Node) apply(p *peer, kind byte, h header, r *record, now time.Time, sp 
 		n.reassemble(p, kind, h, &r.frag, now, sp)
 	case recReading:
 		n.applyReading(r.reading, time.Unix(0, h.nanos), now)
+	}
+}
+
+// bury remembers what a message forgot or reset, once its records were applied: a binding that
+// follows the forget in the same message was made after it (the sender's flusher drops those
+// made before). The forget was made at most flush_delay before its message was sealed, and a
+// binding made by another replica in between is not older than it, so the tombstone is dated
+// then.
+func (n *Node) bury(sp *span, h header, now time.Time) {
+	at := h.nanos - int64(n.cfg.FlushDelay)
+	for _, k := range sp.forgets {
+		n.tombs.forget(k, at, now)
+	}
+	if sp.reset {
+		n.tombs.reset(at)
 	}
 }
 
@@ -410,12 +555,14 @@ func (n *Node) reassemble(p *peer, kind byte, h header, f *fragment, now time.Ti
 	buf := a.buf
 	n.fragBytes -= len(a.buf)
 	a.buf, a.next = nil, 0
-	inner := *sp
+	inner := span{skip: sp.skip}
 	if err := decodeRecords(buf, h.version, n.cfg.MaxText, func(r *record) { n.apply(p, kind, h, r, now, &inner, false) }); err != nil {
 		n.reject(&n.st.rejectedMalformed, "malformed", err)
 		inner.failed = true
 	}
 	sp.failed = sp.failed || inner.failed
+	sp.forgets = append(sp.forgets, inner.forgets...)
+	sp.reset = sp.reset || inner.reset
 }
 
 // decodeText returns a decision's text, decompressed within the bound its record declares.
@@ -475,13 +622,32 @@ func (n *Node) expire(now time.Time) {
 	n.rmu.Lock()
 	defer n.rmu.Unlock()
 	forget := 2*n.cfg.ReplayWindow + n.cfg.LoadTTL
-	for id, p := range n.peers {
+	for _, p := range n.peers {
 		if now.Sub(p.lastHeard) > forget {
-			n.fragBytes -= len(p.frag.buf)
-			delete(n.peers, id)
+			n.dropPeer(p)
 		}
 	}
 	n.rebuildLoads(now)
+}
+
+// dropPeer forgets a peer, keeping only how far this node holds its history, so that if it
+// comes back (a replica frozen or cut off for minutes) the catch-up asks it for what followed,
+// not for its whole log again. Called under rmu.
+func (n *Node) dropPeer(p *peer) {
+	n.fragBytes -= len(p.frag.buf)
+	delete(n.peers, p.id)
+	if !p.synced {
+		return
+	}
+	if len(n.gone) >= n.cfg.MaxPeers {
+		// Bounded like the table: past it, a returning peer is asked for all its log.
+		clear(n.gone)
+	}
+	if p.resumeSet {
+		n.gone[p.id] = p.resume
+	} else {
+		n.gone[p.id] = p.maxSeq
+	}
 }
 
 // maxRecord is the largest encoded record: a decision of maxText bytes that did not compress,

@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"bytes"
 	"fmt"
 	"reflect"
 	"strings"
@@ -60,7 +61,8 @@ func TestReceiveRejects(t *testing.T) {
 		{"replayed", kindData, good, func(s Stats) uint64 { return s.RejectedReplay }},
 		{"wrong secret", kindData, sealAs(intruder, kindData, appendReset(nil)), func(s Stats) uint64 { return s.RejectedAuth }},
 		{"other fleet", kindData, sealAs(neighbour, kindData, appendReset(nil)), func(s Stats) uint64 { return s.RejectedAuth }},
-		{"truncated", kindData, good[:len(good)-1], func(s Stats) uint64 { return s.RejectedAuth }},
+		{"truncated", kindData, truncated(sealAs(peer, kindData, appendReset(nil))), func(s Stats) uint64 { return s.RejectedAuth }},
+		{"replayed, another payload", kindData, append(bytes.Clone(good[:headerLen+tagLen]), sealAs(peer, kindData, appendReset(nil))[headerLen+tagLen:]...), func(s Stats) uint64 { return s.RejectedReplay }},
 		{"garbage", kindData, []byte(strings.Repeat("garbage!", 10)), func(s Stats) uint64 { return s.RejectedMalformed }},
 		{"empty", kindData, nil, func(s Stats) uint64 { return s.RejectedMalformed }},
 		{"wrong subject", kindSyncData, sealAs(peer, kindData, appendReset(nil)), func(s Stats) uint64 { return s.RejectedMalformed }},
@@ -87,6 +89,8 @@ func TestReceiveRejects(t *testing.T) {
 		t.Error("own message applied or counted as a peer")
 	}
 }
+
+func truncated(msg []byte) []byte { return msg[:len(msg)-1] }
 
 func TestReceiveFlood(t *testing.T) {
 	cfg := testConfig()

@@ -375,18 +375,32 @@ func (n *Node) serveSync(job syncJob) bool {
 	return true
 }
 
+// maxSeen bounds a sync request's list of peers, so that its size is bounded for the receiver
+// before it authenticates (maxSyncMessage).
+const maxSeen = 4096
+
 // seen lists the peers whose history this node holds, with the last sequence number it has.
 func (n *Node) seen() []seenSeq {
 	n.rmu.Lock()
 	defer n.rmu.Unlock()
-	seen := make([]seenSeq, 0, len(n.peers))
+	seen := make([]seenSeq, 0, min(len(n.peers), maxSeen))
 	for id, p := range n.peers {
+		if len(seen) == maxSeen {
+			// A peer left out is asked for all its log: more to send, nothing lost.
+			break
+		}
 		switch {
 		case p.synced && p.resumeSet:
 			seen = append(seen, seenSeq{id, p.resume})
 		case p.synced:
 			seen = append(seen, seenSeq{id, p.maxSeq})
 		}
+	}
+	for id, seq := range n.gone {
+		if len(seen) == maxSeen {
+			break
+		}
+		seen = append(seen, seenSeq{id, seq})
 	}
 	return seen
 }

@@ -10,6 +10,7 @@ type counters struct {
 	sent, sentBytes                             atomic.Uint64
 	received, receivedBytes                     atomic.Uint64
 	decisionsReceived, bindingsReceived         atomic.Uint64
+	bindingsRefused                             atomic.Uint64
 	droppedQueue, droppedPublish, droppedSlow   atomic.Uint64
 	droppedFlood, droppedPeers, droppedSync     atomic.Uint64
 	rejectedAuth, rejectedReplay, rejectedStale atomic.Uint64
@@ -38,6 +39,9 @@ type Stats struct {
 
 	DecisionsReceived uint64 `json:"decisions_received"` // applied through the Handler
 	BindingsReceived  uint64 `json:"bindings_received"`
+	// BindingsRefused: peers' bindings not applied, older than the one held (BindingNewer)
+	// or made before an admin forgot the session or reset the fleet.
+	BindingsRefused uint64 `json:"bindings_refused"`
 	// Duplicates: a peer's decisions and bindings heard twice, live and in a catch-up reply
 	// (after a NATS restart, say), and applied once.
 	Duplicates uint64 `json:"duplicates"`
@@ -130,6 +134,7 @@ func (n *Node) Stats() Stats {
 		ReceivedBytes:       c.receivedBytes.Load(),
 		DecisionsReceived:   c.decisionsReceived.Load(),
 		BindingsReceived:    c.bindingsReceived.Load(),
+		BindingsRefused:     c.bindingsRefused.Load(),
 		Duplicates:          c.duplicates.Load(),
 		DroppedQueue:        c.droppedQueue.Load(),
 		DroppedPublish:      c.droppedPublish.Load(),

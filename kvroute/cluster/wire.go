@@ -9,31 +9,44 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"hash"
 	"unicode/utf8"
 )
 
 // A message on the wire is a clear header, authenticated as GCM's additional data, followed by
 // the sealed records:
 //
-//	magic 'k' | version | kind | sender id (8) | sequence (8) | unix nanos (8) | ciphertext+tag
+//	magic 'k' | version | kind | sender id (8) | sequence (8) | unix nanos (8) | header tag (16) | ciphertext+tag
 //
 // The key is derived from the secret, the fleet name and the sender id, and the nonce is the
 // sequence number, so a (key, nonce) pair never repeats without a sender reusing its random id.
 //
-// Version 2 added a binding's time to its record and the origin record of catch-up replies.
-// A node sends version 2 and reads both: a version 1 message (a peer not upgraded yet) is
-// decoded with version 1's records (see decodeRecords). A version 1 node drops a version 2
-// message as malformed, so during a rolling upgrade the old replicas route on what they know
-// alone, as with NATS down.
+// The header tag (version 3) is a GCM tag over the clear header and the recipient alone, under
+// the same key with a nonce of its own (headerNonce), so that a receiver tells a forged message
+// from a peer's at a cost that does not grow with the message: someone without the secret who
+// claims a live peer's id and a current time is turned away before the payload is decrypted
+// or a buffer for it allocated.
+//
+// Version 2 added a binding's time to its record and the origin record of catch-up replies;
+// version 3 the header tag. A node sends version 3 and reads all three: a version 1 or 2
+// message (a peer not upgraded yet) carries no header tag, so opening one costs the whole
+// payload, and those are opened within a byte budget shared by all senders (legacyRate); a
+// version 1 message is decoded with version 1's records (see decodeRecords). An older node
+// drops a newer message as malformed, so during a rolling upgrade the old replicas route on
+// what they know alone, as with NATS down.
 const (
 	wireMagic   = 'k'
-	wireVersion = 2
+	wireVersion = 3
 	// wireVersionMin is the oldest version still read.
 	wireVersionMin = 1
-	headerLen      = 3 + 8 + 8 + 8
-	tagLen         = 16
+	// headerTagVersion is the first version with a header tag.
+	headerTagVersion = 3
+	headerLen        = 3 + 8 + 8 + 8
+	tagLen           = 16
 	// overhead is what a message adds to its records.
-	overhead = headerLen + tagLen
+	overhead = headerLen + tagLen + tagLen
+	// overheadLegacy is what a version 1 or 2 message adds (no header tag).
+	overheadLegacy = headerLen + tagLen
 	// maxMessage caps what is even looked at, whatever the server's max_payload.
 	maxMessage = 64 << 20
 )
@@ -102,11 +115,19 @@ func deriveKeys(secret, name string) (keys, error) {
 
 // aeadFor returns the AES-256-GCM of one sender.
 func (k keys) aeadFor(sender uint64) (cipher.AEAD, error) {
-	m := hmac.New(sha256.New, k.seal)
+	return aeadWith(hmac.New(sha256.New, k.seal), new([sha256.Size]byte), sender)
+}
+
+// aeadWith is aeadFor with the HMAC of the seal key (reset here) and a buffer for the key, so
+// that the receiver, which derives a key for every sender id it has not authenticated yet,
+// reuses them. The key is a function of the secret, the fleet name and the sender id alone, so
+// one derived for a sender serves all its messages (the peer table keeps it).
+func aeadWith(m hash.Hash, key *[sha256.Size]byte, sender uint64) (cipher.AEAD, error) {
+	m.Reset()
 	var id [8]byte
 	binary.BigEndian.PutUint64(id[:], sender)
 	m.Write(id[:])
-	block, err := aes.NewCipher(m.Sum(nil))
+	block, err := aes.NewCipher(m.Sum(key[:0]))
 	if err != nil {
 		return nil, err
 	}
@@ -141,6 +162,14 @@ func nonceOf(seq uint64) []byte {
 	return n[:]
 }
 
+// headerNonce is the nonce of a header tag: the payload's nonce with its first byte set, so
+// that under one sender's key no header nonce is ever a payload nonce.
+func headerNonce(n *[12]byte, seq uint64) []byte {
+	*n = [12]byte{0: 1}
+	binary.BigEndian.PutUint64(n[4:], seq)
+	return n[:]
+}
+
 // seal appends the message of h and plain to dst.
 func seal(dst []byte, aead cipher.AEAD, h header, plain []byte) []byte {
 	start := len(dst)
@@ -152,12 +181,44 @@ func seal(dst []byte, aead cipher.AEAD, h header, plain []byte) []byte {
 	dst = binary.BigEndian.AppendUint64(dst, h.sender)
 	dst = binary.BigEndian.AppendUint64(dst, h.seq)
 	dst = binary.BigEndian.AppendUint64(dst, uint64(h.nanos))
-	return aead.Seal(dst, nonceOf(h.seq), plain, additionalData(dst[start:], h.to))
+	ad := additionalData(dst[start:], h.to)
+	if v >= headerTagVersion {
+		var hn [12]byte
+		dst = aead.Seal(dst, headerNonce(&hn, h.seq), nil, ad)
+	}
+	return aead.Seal(dst, nonceOf(h.seq), plain, ad)
+}
+
+// scratch is what checking a header needs, kept by the receiver so that turning a forged
+// message away allocates nothing.
+type scratch struct {
+	nonce [12]byte
+	ad    [headerLen + 8]byte
+	mac   hash.Hash // HMAC of the seal key, for aeadWith; nil until first needed
+	key   [sha256.Size]byte
+}
+
+// headerOK reports whether msg's header tag is the sender's: whether msg (version 3 or later,
+// its header h parsed) was sealed by the holder of the key of aead, for h.to. It costs one GCM
+// tag over 35 bytes, whatever the message's size.
+func headerOK(s *scratch, aead cipher.AEAD, h header, msg []byte) bool {
+	copy(s.ad[:headerLen], msg)
+	binary.BigEndian.PutUint64(s.ad[headerLen:], h.to)
+	_, err := aead.Open(nil, headerNonce(&s.nonce, h.seq), msg[headerLen:headerLen+tagLen], s.ad[:])
+	return err == nil
+}
+
+// payloadOffset is where the ciphertext of a message of version v starts.
+func payloadOffset(v byte) int {
+	if v >= headerTagVersion {
+		return headerLen + tagLen
+	}
+	return headerLen
 }
 
 // parseHeader reads a message's clear header without trusting any of it.
 func parseHeader(msg []byte) (header, error) {
-	if len(msg) < overhead {
+	if len(msg) < overheadLegacy {
 		return header{}, errTruncated
 	}
 	if len(msg) > maxMessage {
@@ -165,6 +226,9 @@ func parseHeader(msg []byte) (header, error) {
 	}
 	if msg[0] != wireMagic || msg[1] < wireVersionMin || msg[1] > wireVersion {
 		return header{}, fmt.Errorf("magic or version: %w", errMalformed)
+	}
+	if msg[1] >= headerTagVersion && len(msg) < overhead {
+		return header{}, errTruncated
 	}
 	return header{
 		version: msg[1],
@@ -175,9 +239,10 @@ func parseHeader(msg []byte) (header, error) {
 	}, nil
 }
 
-// open authenticates and decrypts msg, whose header is h, into dst.
+// open authenticates and decrypts msg, whose header is h, into dst. It does not check a header
+// tag (headerOK does, first).
 func open(dst []byte, aead cipher.AEAD, h header, msg []byte) ([]byte, error) {
-	return aead.Open(dst, nonceOf(h.seq), msg[headerLen:], additionalData(msg, h.to))
+	return aead.Open(dst, nonceOf(h.seq), msg[payloadOffset(h.version):], additionalData(msg, h.to))
 }
 
 // Record encoding. Strings are a uvarint length and bytes; integers are varints.

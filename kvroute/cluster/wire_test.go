@@ -82,9 +82,29 @@ func TestSealOpen(t *testing.T) {
 			continue
 		}
 		a, _ := k.aeadFor(bh.sender)
-		if _, err := open(nil, a, bh, bad); err == nil {
+		if _, err := open(nil, a, bh, bad); err == nil && headerOK(new(scratch), a, bh, bad) {
 			t.Fatalf("byte %d flipped: message still opens", i)
 		}
+		// The header and its tag are checked on their own, before the payload.
+		if i < headerLen+tagLen && headerOK(new(scratch), a, bh, bad) {
+			t.Fatalf("byte %d of the header flipped: header tag still checks", i)
+		}
+	}
+	if !headerOK(new(scratch), aead, got, msg) {
+		t.Fatal("header tag does not check")
+	}
+	// A catch-up reply's header names its recipient.
+	reply := seal(nil, aead, header{kind: kindSyncData, sender: 42, seq: 8, nanos: 1, to: 5}, plain)
+	rh, _ := parseHeader(reply)
+	if rh.to = 6; headerOK(new(scratch), aead, rh, reply) {
+		t.Error("a reply's header checks for another recipient")
+	}
+	// Version 2 (no header tag) still opens.
+	v2 := seal(nil, aead, header{version: 2, kind: kindData, sender: 42, seq: 9, nanos: 1}, plain)
+	if h2, err := parseHeader(v2); err != nil || len(v2) != overheadLegacy+len(plain) {
+		t.Errorf("version 2: %v, %d bytes", err, len(v2))
+	} else if out, err := open(nil, aead, h2, v2); err != nil || !bytes.Equal(out, plain) {
+		t.Errorf("version 2 open: %q %v", out, err)
 	}
 	for _, other := range []struct{ secret, name string }{{testSecret + "x", "fleet-a"}, {testSecret, "fleet-b"}} {
 		k2, _ := deriveKeys(other.secret, other.name)

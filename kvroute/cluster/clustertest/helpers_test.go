@@ -52,13 +52,15 @@ func (s *state) Decision(model, upstream, text string) {
 }
 
 // Binding keeps the newest binding of a session, as the session store does.
-func (s *state) Binding(model, sk, upstream string, at time.Time) {
+func (s *state) Binding(model, sk, upstream string, at time.Time) bool {
 	s.mu.Lock()
+	defer s.mu.Unlock()
 	k := model + " " + sk
 	if held, ok := s.bindings[k]; !ok || cluster.BindingNewer(at, upstream, s.boundAt[k], held) {
 		s.bindings[k], s.boundAt[k] = upstream, at
+		return true
 	}
-	s.mu.Unlock()
+	return false
 }
 func (s *state) Forget(sk string) {
 	s.mu.Lock()
