@@ -228,6 +228,28 @@ func TestHealthNetworkDialComesBack(t *testing.T) {
 	}
 }
 
+// An upstream whose dial only a request fills (a request placeholder) cannot be probed: once
+// down, it is back when its cool-down ends, not held down for good.
+func TestHealthUnprobeableUpstreamBackAfterCoolDown(t *testing.T) {
+	leakCheck(t)
+	const dial = "{http.request.header.X-Upstream}"
+	startCaddy(t, healthConfig([]string{dial}, "", "", ""))
+	c := newClient(t, 10*time.Second)
+	dead := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	u := currentState().upstream(dial)
+	for i := range downAfter {
+		endedAfter(t, []*upstreamState{u}, func() {
+			if _, resp := send(t, c, baseURL+"/v1/chat/completions", chatBody("m", coldPrompt(i)), "X-Upstream", dead); resp.StatusCode != http.StatusBadGateway {
+				t.Fatalf("request %d to a refusing address: status %d, want 502", i, resp.StatusCode)
+			}
+		})
+	}
+	if hs := upstreamStatus(t, dial).Health; hs.State != "down" {
+		t.Fatalf("health after %d refused attempts: %+v, want down", downAfter, hs)
+	}
+	waitUntil(t, 10*coolDownBase, func() bool { return upstreamStatus(t, dial).Health.State == "up" }, "the unprobeable upstream to be back after its cool-down")
+}
+
 // probeGoroutines counts the health probes running.
 func probeGoroutines() int {
 	buf := make([]byte, 1<<20)
