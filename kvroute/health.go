@@ -2,28 +2,34 @@ package kvroute
 
 import (
 	"context"
+	"errors"
+	"io"
 	"net"
 	"net/http"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
 	"go.uber.org/zap"
 
+	"github.com/kvroute/caddy-kvroute/kvroute/llmreq"
 	"github.com/kvroute/caddy-kvroute/kvroute/telemetry"
 )
 
 // The policy's own memory of upstream failures (DESIGN.md "Health"). With Caddy's defaults (no
 // retries, no health checks) an upstream that refuses connections stays Available(), and with
 // prefix affinity it would swallow every prefix group and session it holds. Two sources feed
-// one mechanism: request outcomes (an attempt that got no response headers) and telemetry (a
-// metrics endpoint that refuses connections). downAfter failures in a row make the upstream
-// down: not a candidate unless all are. The policy's own probe (a TCP connection to the
-// upstream after each cool-down, or a telemetry reading) brings it back; a client's request
-// never does.
+// one mechanism: request outcomes (an attempt that got no response headers by its upstream's
+// fault, each attempt once) and telemetry (a metrics endpoint that refuses connections).
+// downAfter failures in a row make the upstream down: not a candidate unless all are. The
+// policy's own probe (a connection to the upstream after each cool-down, or a telemetry
+// reading) brings it back; a client's request never does. An upstream that cannot be probed
+// comes back when its cool-down ends, so it is never held down longer than coolDownMax.
 const (
 	downAfter = 3
 	// coolDownBase is the first wait before probing a down upstream; each probe that fails
@@ -44,7 +50,12 @@ type healthState struct {
 	downs    int       // times down without staying up for forgiveAfter in between
 	since    time.Time // when it went down, or came back
 	reason   string    // the failure that made it down
+	probe    *probeRun // the running probe; nil when none runs
 	total    atomic.Uint64
+
+	// ended counts the requests whose last attempt went to the upstream and whose outcome was
+	// taken in: tests wait for it instead of for time.
+	ended atomic.Uint64
 }
 
 // isDown reports whether the policy holds the upstream dialled at addr to be down.
@@ -99,28 +110,50 @@ func (s *state) healthy(u *upstreamState, probe bool, how string) {
 }
 
 // startProbe probes u after each cool-down, doubling it, until u is back (a probe or a
-// reading) or the state is destroyed.
+// reading), u is forgotten (dropUpstream), or the state is destroyed. An upstream that cannot
+// be probed (probeTarget) is back when the first cool-down ends.
 func (s *state) startProbe(u *upstreamState, cool time.Duration) {
 	s.bgMu.Lock()
 	defer s.bgMu.Unlock()
 	if s.bgClosed {
 		return
 	}
+	ctx, cancel := context.WithCancel(context.Background())
+	run := &probeRun{cancel: cancel}
+	h := &u.health
+	h.mu.Lock()
+	if h.probe != nil {
+		h.probe.cancel() // one that a reading made pointless may still wait out its cool-down
+	}
+	h.probe = run
+	h.mu.Unlock()
+	network, address, probeable := probeTarget(u.addr)
 	s.bg.Add(1)
 	go func() {
 		defer s.bg.Done()
+		defer u.health.endProbe(run)
 		timer := time.NewTimer(cool)
 		defer timer.Stop()
 		for {
 			select {
 			case <-s.stop:
 				return
+			case <-ctx.Done():
+				return
 			case <-timer.C:
 			}
-			if !u.health.down.Load() {
-				return // a reading brought it back
+			if !u.health.down.Load() || !s.tracks(u) {
+				return // a reading brought it back, or it was forgotten meanwhile
 			}
-			if err := probeUpstream(s.stop, u.addr); err == nil {
+			if !probeable {
+				s.healthy(u, true, "cool-down over (its dial address cannot be probed)")
+				return
+			}
+			err := probeUpstream(ctx, s.stop, network, address)
+			if ctx.Err() != nil {
+				return
+			}
+			if err == nil {
 				s.healthy(u, true, "probe")
 				return
 			}
@@ -130,9 +163,66 @@ func (s *state) startProbe(u *upstreamState, cool time.Duration) {
 	}()
 }
 
-// probeUpstream makes one connection to the upstream's dial address and closes it.
-func probeUpstream(stop <-chan struct{}, addr string) error {
-	ctx, cancel := context.WithTimeout(context.Background(), probeTimeout)
+// probeRun is one running probe of an upstream.
+type probeRun struct{ cancel context.CancelFunc }
+
+// endProbe clears the upstream's probe when it is still run.
+func (h *healthState) endProbe(run *probeRun) {
+	run.cancel()
+	h.mu.Lock()
+	if h.probe == run {
+		h.probe = nil
+	}
+	h.mu.Unlock()
+}
+
+// tracks reports whether u is the state the router keeps for its address (not forgotten).
+func (s *state) tracks(u *upstreamState) bool {
+	v, ok := s.upstreams.Load(u.addr)
+	return ok && v.(*upstreamState) == u
+}
+
+// dropUpstream forgets the state of u (its counters and health) and stops its probe.
+func (s *state) dropUpstream(u *upstreamState) {
+	s.upstreams.CompareAndDelete(u.addr, u)
+	h := &u.health
+	h.mu.Lock()
+	if h.probe != nil {
+		h.probe.cancel()
+		h.probe = nil
+	}
+	h.mu.Unlock()
+}
+
+// probeTarget returns the network and address a probe of the upstream dialled at dial connects
+// to, parsed as Caddy's reverse_proxy parses a dial address (global placeholders such as
+// {env.*} replaced, caddy.ParseNetworkAddress): "tcp4/10.0.0.1:8000" is tcp4 10.0.0.1:8000,
+// "unix//run/vllm.sock" is unix /run/vllm.sock. ok is false when the upstream cannot be
+// probed: a placeholder only a request fills, a port range or no port, a network that is
+// neither TCP nor a Unix stream socket.
+func probeTarget(dial string) (network, address string, ok bool) {
+	d := dial
+	if strings.Contains(d, "{") {
+		d = caddy.NewReplacer().ReplaceKnown(d, "")
+	}
+	if strings.ContainsAny(d, "{}") {
+		return "", "", false
+	}
+	na, err := caddy.ParseNetworkAddress(d)
+	if err != nil || na.PortRangeSize() != 1 {
+		return "", "", false
+	}
+	switch {
+	case na.Network == "unix" && na.Host != "",
+		(na.Network == "tcp" || na.Network == "tcp4" || na.Network == "tcp6") && na.StartPort != 0:
+		return na.Network, na.JoinHostPort(0), true
+	}
+	return "", "", false
+}
+
+// probeUpstream makes one connection to the upstream and closes it.
+func probeUpstream(ctx context.Context, stop <-chan struct{}, network, address string) error {
+	ctx, cancel := context.WithTimeout(ctx, probeTimeout)
 	defer cancel()
 	go func() {
 		select {
@@ -141,14 +231,7 @@ func probeUpstream(stop <-chan struct{}, addr string) error {
 		case <-ctx.Done():
 		}
 	}()
-	if path, ok := strings.CutPrefix(addr, "unix/"); ok {
-		conn, err := (&net.Dialer{}).DialContext(ctx, "unix", path)
-		if err != nil {
-			return err
-		}
-		return conn.Close()
-	}
-	return telemetry.Probe(ctx, addr, probeTimeout)
+	return telemetry.Probe(ctx, network, address, probeTimeout)
 }
 
 // stopHealth stops the probes and waits for them (Destruct, after s.stop is closed).
@@ -159,47 +242,176 @@ func (s *state) stopHealth() {
 	s.bg.Wait()
 }
 
-// Request outcomes. Caddy sets http.reverse_proxy.status_code when an attempt gets response
-// headers and never clears it, and records a handler's error (http.error) once the handler
-// chain returns it: a request that ended with an error and no status code got no response
-// from its upstream. A client that goes away ends the request before either is set, and is
-// no failure of the upstream.
+// Request outcomes. Each attempt of a request (one Select that picked an upstream) is judged
+// once: by the next Select when Caddy retries (it retries only a failed attempt, without
+// saying why), or when the request ends (its error is then known: Caddy records the handler's
+// error as http.error). An attempt that got response headers (any status) resets its
+// upstream's failures in a row. One that got none counts as a failure only when the upstream
+// is at fault (upstreamFault): never when reading the client's body failed, nor when the
+// client went away.
 
-// noteRetry counts the failure of the attempt before a retry: Caddy retries only an attempt
-// that failed, and one that got no status code got no response headers at all.
+// latencyKey is set by Caddy when an attempt gets response headers, anew for each attempt.
+const latencyKey = "http.reverse_proxy.upstream.latency"
+
+// attempt is one attempt of a request, as health judges it.
+type attempt struct {
+	u    *upstreamState
+	body *watchedBody // the request body the attempt sends; nil without one
+	// latency is latencyKey's value before the attempt (had: it was set): an earlier attempt,
+	// or another reverse_proxy of the route (forward_auth), may have set it.
+	latency time.Duration
+	had     bool
+	judged  atomic.Bool // its outcome was taken in
+}
+
+// watchedBody is an attempt's request body: it remembers whether reading the client's body
+// failed (a malformed chunk, request_body's max_size, a read timeout, a client that hung up,
+// a body that cannot be sent again).
+type watchedBody struct {
+	io.ReadCloser
+	failed atomic.Bool
+}
+
+func (b *watchedBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	if err != nil && err != io.EOF {
+		b.failed.Store(true)
+	}
+	return n, err
+}
+
+// newAttempt records an attempt of r to u, and gives it a watched body (under Caddy only: r is
+// the request the attempt sends, and its body the one Caddy's transport will read).
+func newAttempt(r *http.Request, u *upstreamState) *attempt {
+	a := &attempt{u: u}
+	repl, ok := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
+	if !ok {
+		return a
+	}
+	if v, ok := repl.Get(latencyKey); ok {
+		a.latency, _ = v.(time.Duration)
+		a.had = true
+	}
+	body := r.Body
+	if w, ok := body.(*watchedBody); ok {
+		body = w.ReadCloser // the previous attempt's
+	}
+	if body != nil && body != http.NoBody {
+		a.body = &watchedBody{ReadCloser: body}
+		r.Body = a.body
+	}
+	return a
+}
+
+// answered reports whether the attempt got response headers.
+func (a *attempt) answered(repl *caddy.Replacer) bool {
+	v, ok := repl.Get(latencyKey)
+	if !ok {
+		return false
+	}
+	d, isDuration := v.(time.Duration)
+	return !a.had || !isDuration || d != a.latency
+}
+
+// upstreamFault returns why an attempt that got no response headers failed by its upstream's
+// fault, or "" when it did not. err is the request's error when it ended, nil when the attempt
+// is judged at a retry (Caddy retries a dial error, or an error after the connection when
+// lb_retry_match or a GET allows it: once the client's body is ruled out, the upstream's).
+// With the error known, only these count: a dial or connect error, a timeout (response
+// headers, dial), a reset, refusal or close by the upstream. A client that went away (Caddy's
+// 499), a body over max_size, one that cannot be sent again, and any other error (a TLS
+// handshake, an invalid header, a dial address a placeholder could not fill) do not.
+func upstreamFault(a *attempt, err error) string {
+	if a.body != nil && a.body.failed.Load() {
+		return ""
+	}
+	if err == nil {
+		return "request: no response (retried)"
+	}
+	var (
+		dial     reverseproxy.DialError
+		maxBytes *http.MaxBytesError
+		he       caddyhttp.HandlerError
+		ne       net.Error
+	)
+	switch {
+	case errors.Is(err, context.Canceled), errors.As(err, &he) && he.StatusCode == 499:
+		return ""
+	case errors.As(err, &maxBytes), errors.Is(err, llmreq.ErrBodySpent), errors.Is(err, http.ErrBodyReadAfterClose):
+		return ""
+	case errors.As(err, &dial):
+		return "request: dial: " + clip(dial.Error())
+	case errors.As(err, &ne) && ne.Timeout():
+		return "request: timeout: " + clip(err.Error())
+	case errors.Is(err, syscall.ECONNRESET), errors.Is(err, syscall.ECONNREFUSED), errors.Is(err, syscall.ECONNABORTED),
+		errors.Is(err, syscall.EPIPE), errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF):
+		return "request: reset or closed by the upstream: " + clip(err.Error())
+	}
+	return ""
+}
+
+// clip bounds an error's text kept as a health reason.
+func clip(s string) string {
+	const max = 200
+	if len(s) > max {
+		return s[:max] + "…"
+	}
+	return s
+}
+
+// judge takes in the outcome of attempt a, once. ended: the request is over, err its error.
+func (s *state) judge(repl *caddy.Replacer, a *attempt, ended bool, err error) {
+	if !a.judged.CompareAndSwap(false, true) {
+		return
+	}
+	if a.answered(repl) {
+		s.healthy(a.u, false, "response")
+		return
+	}
+	if ended && err == nil {
+		return // no answer and no error: the client went away (Caddy logs a 499)
+	}
+	if reason := upstreamFault(a, err); reason != "" {
+		s.fail(a.u, reason)
+	}
+}
+
+// noteRetry judges the attempt before a retry. Select runs again for each retry, and again
+// every lb_try_interval while it finds no candidate: the attempt is judged the first time.
 func (s *state) noteRetry(r *http.Request, req *llmRequest) {
-	if len(req.tried) == 0 {
+	a := req.attempt.Load()
+	if a == nil || len(req.tried) == 0 {
 		return
 	}
 	repl, ok := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
 	if !ok {
 		return
 	}
-	if _, got := repl.Get("http.reverse_proxy.status_code"); got {
-		return // some attempt got headers: a response-based retry, or an unknown one
+	if r.Context().Err() != nil {
+		a.judged.Store(true) // the client went away
+		return
 	}
-	s.fail(s.upstream(req.tried[len(req.tried)-1]), "request: no response (retried)")
+	s.judge(repl, a, false, nil)
 }
 
-// watchOutcome records, when the request ends, whether its last attempt got a response. It
-// is called once per request, at its first decision.
+// watchOutcome judges, when the request ends, its last attempt (unless a retry's Select did).
+// It is called once per request, at its first decision.
 func (s *state) watchOutcome(r *http.Request, req *llmRequest) {
 	repl, ok := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
 	if !ok {
 		return // not served by Caddy (unit tests)
 	}
 	context.AfterFunc(r.Context(), func() {
-		u := req.attempt.Load()
-		if u == nil {
+		a := req.attempt.Load()
+		if a == nil {
 			return
 		}
-		if _, got := repl.Get("http.reverse_proxy.status_code"); got {
-			s.healthy(u, false, "response")
-			return
+		defer a.u.health.ended.Add(1)
+		var err error
+		if e, ok := repl.Get("http.error"); ok {
+			err, _ = e.(error)
 		}
-		if e, failed := repl.Get("http.error"); failed && e != nil {
-			s.fail(u, "request: no response headers")
-		}
+		s.judge(repl, a, true, err)
 	})
 }
 

@@ -39,8 +39,8 @@ type llmRequest struct {
 	// pick is the upstream this request is counted against while in flight; a retry moves it.
 	pick atomic.Pointer[upstreamState]
 
-	// attempt is the upstream of the latest attempt, for the request's outcome (health.go).
-	attempt atomic.Pointer[upstreamState]
+	// attempt is the latest attempt, for its outcome (health.go).
+	attempt atomic.Pointer[attempt]
 
 	// tried lists the dial addresses earlier attempts of this request went to. Select runs
 	// again for every retry, one attempt at a time, so only Select touches it.

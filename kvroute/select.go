@@ -31,7 +31,8 @@ type candidate struct {
 //     answers 502, or retries when configured to).
 //  2. Session: a session bound to a candidate whose load is within the balance band goes there.
 //     A bound upstream out of band is skipped for this request and the binding kept; one that is
-//     unavailable or no longer serves the model is dropped; one merely not in this pool is kept.
+//     unavailable or no longer serves the model is dropped; one merely not in this pool is kept;
+//     on a retry, one an earlier attempt went to (it failed) gives the session to this attempt.
 //  3. Imbalance: when max-min > balance_abs_threshold and max > min×balance_rel_threshold over
 //     the candidates' loads, on_imbalance decides: prefix_in_band (default) the longest cached
 //     prefix among the candidates in the band, least_busy the least busy candidate.
@@ -241,6 +242,10 @@ func (p *KVCacheAware) session(r *http.Request, req *llmRequest, pool reversepro
 		return s
 	}
 	switch i := indexOf(cands, addr); {
+	case slices.Contains(req.tried, addr):
+		// An earlier attempt of this request went there and failed (Caddy retries only a failed
+		// attempt: no response, or one lb_retry_match rejects): the session moves to where this
+		// attempt goes (its latest turn will be cached there), and on with each retry.
 	case i >= 0 && b.holds(cands[i].load):
 		s.chosen = i
 	case i >= 0 || p.keepsBinding(pool, addr, req.Model):
@@ -252,9 +257,6 @@ func (p *KVCacheAware) session(r *http.Request, req *llmRequest, pool reversepro
 			store.forgetBinding(req.Model, s.key)
 		}
 		s.keep = s.source != issued
-	case slices.Contains(req.tried, addr):
-		// An earlier attempt of this request failed there: the session moves to where this
-		// attempt goes (its latest turn will be cached there).
 	default:
 		store.forgetBinding(req.Model, s.key)
 	}
@@ -401,7 +403,7 @@ func (p *KVCacheAware) commit(r *http.Request, w http.ResponseWriter, req *llmRe
 	// that keeps no cookies must not fill every replica's store).
 	p.state.share(req.Model, c.up.Dial, req.Text, bindKey, boundAt)
 	req.track(r, c.st)
-	req.attempt.Store(c.st)
+	req.attempt.Store(newAttempt(r, c.st))
 	if len(req.tried) == 0 {
 		p.state.watchOutcome(r, req)
 	}

@@ -447,8 +447,12 @@ func (s *state) upstream(addr string) *upstreamState {
 	return v.(*upstreamState)
 }
 
-// forgetUpstream drops everything learned about addr: its prefixes and its session bindings.
+// forgetUpstream drops everything learned about addr: its prefixes, its session bindings and
+// its state (its probe stops).
 func (s *state) forgetUpstream(addr string) (chars int64, sessions int) {
+	if v, ok := s.upstreams.Load(addr); ok {
+		s.dropUpstream(v.(*upstreamState))
+	}
 	chars = s.forest.TenantChars(addr)
 	s.forest.RemoveTenant(addr)
 	return chars, s.sessions.dropUpstream(addr) + s.pending.dropUpstream(addr)
@@ -508,7 +512,7 @@ func (s *state) evictionLoop() {
 }
 
 // evict runs one eviction pass over the trees and the sessions, and drops the bookkeeping of
-// dynamic upstreams that have been idle for long.
+// dynamic upstreams idle for the dynamic TTL.
 func (s *state) evict() {
 	st := s.forest.Evict()
 	expired := s.sessions.expire(time.Now()) + s.pending.expire(time.Now())
@@ -521,11 +525,14 @@ func (s *state) evict() {
 	static := s.staticLocked()
 	s.mu.Unlock()
 	s.expireDynamic(time.Now())
-	idle := time.Now().Add(-time.Hour).UnixNano()
-	s.upstreams.Range(func(k, v any) bool {
+	// A dynamic upstream (DNS, a discovery service) that no decision picked for the dynamic TTL
+	// has likely left for good: down or not, its state and its probe go. Should it come back,
+	// it starts afresh (up).
+	idle := time.Now().Add(-dynamicTTL()).UnixNano()
+	s.upstreams.Range(func(_, v any) bool {
 		u := v.(*upstreamState)
-		if !static[u.addr] && u.inFlight.Load() == 0 && u.lastUsed.Load() < idle && s.forest.TenantChars(u.addr) == 0 && !u.health.down.Load() {
-			s.upstreams.Delete(k)
+		if !static[u.addr] && u.inFlight.Load() == 0 && u.lastUsed.Load() < idle {
+			s.dropUpstream(u)
 		}
 		return true
 	})

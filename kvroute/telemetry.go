@@ -51,6 +51,17 @@ const (
 	readingLifetime = 3
 )
 
+// dynamicTTLOverride replaces dynamicTargetTTL when positive (nanoseconds): tests shorten it.
+var dynamicTTLOverride atomic.Int64
+
+// dynamicTTL is how long a dynamic upstream that no decision picks stays known.
+func dynamicTTL() time.Duration {
+	if d := dynamicTTLOverride.Load(); d > 0 {
+		return time.Duration(d)
+	}
+	return dynamicTargetTTL
+}
+
 // telemetrySettings are the telemetry options in force, defaults applied (comparable: the
 // policies of one config must agree on them).
 type telemetrySettings struct {
@@ -380,7 +391,7 @@ func (s *state) seeDynamic(addr string) {
 // (run by the eviction pass).
 func (s *state) expireDynamic(now time.Time) {
 	sc := s.tel.current.Load()
-	idle := now.Add(-dynamicTargetTTL).UnixNano()
+	idle := now.Add(-dynamicTTL()).UnixNano()
 	s.tel.dynamic.Range(func(k, _ any) bool {
 		addr := k.(string)
 		if s.isStatic(addr) {

@@ -51,17 +51,18 @@ func ParseProps(r io.Reader, limit int64) (int64, error) {
 	return 0, errors.New("/props: no n_ctx")
 }
 
-// Probe reports whether a TCP connection to addr (host:port) can be made within timeout: the
-// cheap check a caller uses to see whether a down upstream without a metrics endpoint is back.
-// It sends nothing; the connection is closed at once.
-func Probe(ctx context.Context, addr string, timeout time.Duration) error {
+// Probe reports whether a connection to addr on network ("tcp", "tcp4", "tcp6" with host:port;
+// "unix" with a socket path) can be made within timeout: the cheap check a caller uses to see
+// whether a down upstream without a metrics endpoint is back. It sends nothing; the connection
+// is closed at once.
+func Probe(ctx context.Context, network, addr string, timeout time.Duration) error {
 	if timeout <= 0 {
 		timeout = DefaultTimeout
 	}
 	d := net.Dialer{Timeout: timeout}
-	conn, err := d.DialContext(ctx, "tcp", addr)
+	conn, err := d.DialContext(ctx, network, addr)
 	if err != nil {
-		return fmt.Errorf("probe %s: %w", addr, err)
+		return fmt.Errorf("probe %s %s: %w", network, addr, err)
 	}
 	return conn.Close()
 }

@@ -400,11 +400,11 @@ func TestProbe(t *testing.T) {
 			c.Close()
 		}
 	}()
-	if err := Probe(context.Background(), addr, time.Second); err != nil {
+	if err := Probe(context.Background(), "tcp", addr, time.Second); err != nil {
 		t.Errorf("up: %v", err)
 	}
 	ln.Close()
-	if err := Probe(context.Background(), addr, time.Second); err == nil || !strings.Contains(err.Error(), addr) {
+	if err := Probe(context.Background(), "tcp", addr, time.Second); err == nil || !strings.Contains(err.Error(), addr) {
 		t.Errorf("down: %v", err)
 	}
 }
