@@ -95,7 +95,8 @@ func (p *KVCacheAware) candidates(dst []candidate, pool reverseproxy.UpstreamPoo
 			continue
 		}
 		st := p.state.upstream(up.Dial)
-		load := p.state.load(st, up.NumRequests(), now)
+		st.seeHost(up.Host)
+		load := p.state.load(st, now)
 		dst = append(dst, candidate{up: up, st: st, prof: prof, load: load})
 	}
 	// Each filter leaves out candidates unless it would leave out all of them: then Caddy's
