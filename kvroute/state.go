@@ -147,6 +147,10 @@ type state struct {
 
 	upstreams sync.Map // dial address → *upstreamState
 
+	// deciding is held by a decision from reading the loads to counting its choice in them
+	// (select.go: Select), so that decisions running at once do not all see the same loads.
+	deciding sync.Mutex
+
 	// static holds the static upstreams of all live policies, for the per-request path: a
 	// session bound to one of them that is not in this request's pool is another site's.
 	static atomic.Pointer[map[string]bool]
