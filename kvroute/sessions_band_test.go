@@ -311,3 +311,54 @@ func burstBound(n, k int, abs int64, rel float64) int {
 	}
 	return 1
 }
+
+// The same through a real Caddy: 40 concurrent requests of one header session on 4 loopback
+// upstreams, which hold every request until all 40 have arrived, so that the counts are the
+// requests in flight at once. The decisions are held as above, so that they all run at once.
+func TestSessionBandHeldUnderConcurrentRequests(t *testing.T) {
+	const n = 40
+	f := newFleet(t, 4)
+	startCaddy(t, proxyConfig(f, "", "", ""))
+	client := newClient(t, 30*time.Second)
+	rep, _ := send(t, client, baseURL+"/v1/chat/completions", chatBody("m", coldPrompt(1000)), "X-Session-ID", "app")
+	home := f.byName(rep.Upstream)
+	if home == nil {
+		t.Fatalf("the first turn got %+v", rep)
+	}
+
+	for _, b := range f {
+		b.setHang(true)
+	}
+	var arrived sync.WaitGroup
+	arrived.Add(n)
+	hold := func() { arrived.Done(); arrived.Wait() }
+	testHookDecide.Store(&hold)
+	t.Cleanup(func() { testHookDecide.Store(nil) })
+	var done sync.WaitGroup
+	for i := range n {
+		done.Add(1)
+		go func() {
+			defer done.Done()
+			if _, code := trySend(client, baseURL+"/v1/chat/completions", chatBody("m", coldPrompt(i)), "app"); code != http.StatusOK {
+				t.Errorf("request %d: status %d", i, code)
+			}
+		}()
+	}
+	active := func() (total int64) {
+		for _, b := range f {
+			total += b.active.Load()
+		}
+		return total
+	}
+	waitUntil(t, 20*time.Second, func() bool { return active() == n }, "all 40 requests held by the upstreams")
+	counts := map[string]int64{}
+	for _, b := range f {
+		counts[b.name] = b.active.Load()
+		b.setHang(false)
+	}
+	done.Wait()
+	bound := burstBound(n, len(f), DefaultBalanceAbsThreshold, DefaultBalanceRelThreshold)
+	if counts[home.name] > int64(bound) {
+		t.Errorf("40 concurrent requests of one session: in flight %v, %d on its upstream %s; the band allows %d", counts, counts[home.name], home.name, bound)
+	}
+}
