@@ -63,12 +63,20 @@ func (p *KVCacheAware) Select(pool reverseproxy.UpstreamPool, r *http.Request, w
 		(*hook)()
 	}
 	p.state.deciding.Lock()
+	locked := true
+	unlock := func() {
+		if locked {
+			locked = false
+			p.state.deciding.Unlock()
+		}
+	}
+	defer unlock() // a panic in steps 1 to 5 must not hold up every later decision
 
 	// 1. Candidates.
 	var buf [16]candidate
 	cands := untried(p.candidates(buf[:0], pool, req.Model), req.tried)
 	if len(cands) == 0 {
-		p.state.deciding.Unlock()
+		unlock()
 		req.untrack()
 		p.count(nil, req, pathNoCandidate)
 		return nil
@@ -97,7 +105,7 @@ func (p *KVCacheAware) Select(pool reverseproxy.UpstreamPool, r *http.Request, w
 
 	// 6. Record: the choice counts in the loads before the next decision reads them.
 	req.track(r, cands[chosen].st)
-	p.state.deciding.Unlock()
+	unlock()
 	return p.commit(r, w, req, &cands[chosen], treeName, sess, path)
 }
 
