@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
-	"net/url"
 	"strings"
 
 	"github.com/caddyserver/caddy/v2"
@@ -61,9 +60,10 @@ func (a Admin) serve(w http.ResponseWriter, r *http.Request) error {
 		if r.Method != http.MethodDelete {
 			return apiError(http.StatusMethodNotAllowed, "method %s not allowed; use DELETE", r.Method)
 		}
-		raw := strings.TrimPrefix(r.URL.EscapedPath(), "/kvroute/sessions/")
-		id, err := url.PathUnescape(raw)
-		if err != nil || id == "" {
+		// The id is cut from the path the route was chosen by (unescaped): cut from the escaped
+		// one, "/kvroute/%73essions/abc" would name no session.
+		id := strings.TrimPrefix(rest, "/sessions/")
+		if id == "" {
 			return apiError(http.StatusBadRequest, "bad session id")
 		}
 		s := currentState()

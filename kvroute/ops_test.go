@@ -242,3 +242,28 @@ func TestReloadsDoNotLeak(t *testing.T) {
 		t.Errorf("heap grew from %d KiB to %d KiB over 200 reloads", h0>>10, h1>>10)
 	}
 }
+
+// DELETE /kvroute/sessions/{id} finds the id however the path is escaped: the admin API routes
+// by the unescaped path, so the id is cut from it too.
+func TestAdminForgetSessionEscapedPath(t *testing.T) {
+	f := newFleet(t, 2)
+	startCaddy(t, proxyConfig(f, "", "", ""))
+	client := &http.Client{Timeout: 10 * time.Second}
+	for _, tc := range []struct{ id, path string }{
+		{"abc", "/kvroute/%73essions/abc"},
+		{"abc", "/kvroute/sessions/%61bc"},
+		{"a/b c%", "/kvroute/sessions/a%2Fb%20c%25"},
+	} {
+		send(t, client, baseURL+"/v1/chat/completions", chatBody("m", "hello "+tc.path), "X-Session-ID", tc.id)
+		if st := getStatus(t); st.Sessions != 1 {
+			t.Fatalf("%q: %d sessions bound, want 1", tc.id, st.Sessions)
+		}
+		if code, body := adminCall(t, http.MethodDelete, tc.path); code != http.StatusOK {
+			t.Errorf("DELETE %s: %d %s, want 200", tc.path, code, body)
+		}
+		if st := getStatus(t); st.Sessions != 0 {
+			t.Errorf("DELETE %s: session %q still bound", tc.path, tc.id)
+			currentState().forgetSession(tc.id)
+		}
+	}
+}

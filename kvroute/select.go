@@ -4,6 +4,7 @@ import (
 	"net/http"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
@@ -42,23 +43,46 @@ type candidate struct {
 //  6. Record: the routing text goes into the model's tree under the chosen upstream, the
 //     session is bound, the decision counted, and the session cookie set when configured.
 //
-// Load is defined in load.go.
+// Load is defined in load.go. Steps 1 to 5 read the loads, and the choice counts in them
+// before the next decision reads them: decisions of this router run one at a time from
+// reading the loads to counting the choice (state.deciding), so each sees every decision made
+// before it, those running at once included. The tree match before and the recording after
+// run outside. The band therefore holds as if decisions came one after another: the upstream a
+// session, a prefix or the fallback goes to has, counting every earlier decision, a load within
+// the band of the least loaded candidate (docs/design.md: the bound).
 func (p *KVCacheAware) Select(pool reverseproxy.UpstreamPool, r *http.Request, w http.ResponseWriter) *reverseproxy.Upstream {
 	p.state.ready(p.reg)
 	req := attemptFor(r, DefaultMaxBody)
 	defer req.placed()
 	p.state.noteRetry(r, req)
+	// The tree match, the slow part, runs before the decisions' lock; the candidates take
+	// their matches from it (steps 2 to 4 rank by them).
+	treeName := p.treeName(req.Model)
+	held := p.matchText(treeName, req.Text)
+	defer held.release()
+	if hook := testHookDecide.Load(); hook != nil {
+		(*hook)()
+	}
+	p.state.deciding.Lock()
+	locked := true
+	unlock := func() {
+		if locked {
+			locked = false
+			p.state.deciding.Unlock()
+		}
+	}
+	defer unlock() // a panic in steps 1 to 5 must not hold up every later decision
 
 	// 1. Candidates.
 	var buf [16]candidate
 	cands := untried(p.candidates(buf[:0], pool, req.Model), req.tried)
 	if len(cands) == 0 {
+		unlock()
 		req.untrack()
 		p.count(nil, req, pathNoCandidate)
 		return nil
 	}
-	treeName := p.treeName(req.Model)
-	p.matchPrefixes(cands, treeName, req.Text)
+	held.assign(cands)
 	band := p.bandOf(cands)
 
 	// 2. Session.
@@ -80,9 +104,15 @@ func (p *KVCacheAware) Select(pool reverseproxy.UpstreamPool, r *http.Request, w
 		chosen, path = p.place(cands, req), pathFallback
 	}
 
-	// 6. Record.
+	// 6. Record: the choice counts in the loads before the next decision reads them.
+	req.track(r, cands[chosen].st)
+	unlock()
 	return p.commit(r, w, req, &cands[chosen], treeName, sess, path)
 }
+
+// testHookDecide, when set (tests only), is called by every decision after the tree match and
+// before the choice: tests hold decisions there to make them run at once.
+var testHookDecide atomic.Pointer[func()]
 
 // candidates appends to dst the upstreams of pool that may take a request for model (step 1).
 func (p *KVCacheAware) candidates(dst []candidate, pool reverseproxy.UpstreamPool, model string) []candidate {
@@ -96,7 +126,8 @@ func (p *KVCacheAware) candidates(dst []candidate, pool reverseproxy.UpstreamPoo
 			continue
 		}
 		st := p.state.upstream(up.Dial)
-		load := p.state.load(st, up.NumRequests(), now)
+		st.seeHost(up.Host)
+		load := p.state.load(st, now)
 		dst = append(dst, candidate{up: up, st: st, prof: prof, load: load})
 	}
 	// Each filter leaves out candidates unless it would leave out all of them: then Caddy's
@@ -154,27 +185,45 @@ var matchPool = sync.Pool{New: func() any { return new(tree.Match) }}
 // make every short prompt a partial match everywhere.
 const minMatchRunes = 64
 
-// matchPrefixes sets each candidate's match: the leading runes of text that the tree says it
-// holds. Steps 2 to 4 rank by it.
-func (p *KVCacheAware) matchPrefixes(cands []candidate, treeName, text string) {
+// heldMatch is what the tree holds of a routing text: the upstreams holding a prefix of it and
+// how long. It is taken before the decision's lock (matching is the slow part of a decision)
+// and handed back to matchPool when the decision is done.
+type heldMatch struct{ m *tree.Match }
+
+// matchText matches text against the model's tree.
+func (p *KVCacheAware) matchText(treeName, text string) heldMatch {
 	if text == "" {
-		return
+		return heldMatch{}
 	}
 	t := p.state.forest.Get(treeName)
 	if t == nil {
-		return
+		return heldMatch{}
 	}
 	m := matchPool.Get().(*tree.Match)
-	defer matchPool.Put(m)
 	m.Runes, m.Tenants = 0, m.Tenants[:0]
 	t.Match(text, m)
-	for _, tm := range m.Tenants {
+	return heldMatch{m}
+}
+
+// assign sets each candidate's match: the leading runes of the routing text that the tree says
+// it holds. Steps 2 to 4 rank by it.
+func (h heldMatch) assign(cands []candidate) {
+	if h.m == nil {
+		return
+	}
+	for _, tm := range h.m.Tenants {
 		if tm.Runes < minMatchRunes {
 			break // longest first: the rest are shorter still
 		}
 		if i := indexOf(cands, tm.Tenant); i >= 0 && cands[i].match == 0 {
 			cands[i].match = tm.Runes
 		}
+	}
+}
+
+func (h heldMatch) release() {
+	if h.m != nil {
+		matchPool.Put(h.m)
 	}
 }
 
@@ -378,7 +427,8 @@ func (p *KVCacheAware) place(cands []candidate, req *llmRequest) int {
 	return energy.Idlest(ec)
 }
 
-// commit runs step 6 and returns the chosen upstream.
+// commit runs step 6 (the request already counts in c's load: Select tracked it) and returns
+// the chosen upstream.
 func (p *KVCacheAware) commit(r *http.Request, w http.ResponseWriter, req *llmRequest, c *candidate, treeName string, sess sessionStep, path int) *reverseproxy.Upstream {
 	now := time.Now()
 	if req.Text != "" {
@@ -402,7 +452,6 @@ func (p *KVCacheAware) commit(r *http.Request, w http.ResponseWriter, req *llmRe
 	// Peers learn what this replica just learned (pending cookie ids stay local: a client
 	// that keeps no cookies must not fill every replica's store).
 	p.state.share(req.Model, c.up.Dial, req.Text, bindKey, boundAt)
-	req.track(r, c.st)
 	req.attempt.Store(newAttempt(r, c.st))
 	if len(req.tried) == 0 {
 		p.state.watchOutcome(r, req)

@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -240,4 +241,124 @@ func waitReleased(t testing.TB, p *KVCacheAware, pool reverseproxy.UpstreamPool,
 		}
 		return true
 	}, "in-flight counts released")
+}
+
+// Decisions that run at once hold the band as decisions made one after another do: 40
+// requests of one session, decided at once on 4 upstreams, put at most burstBound of them on
+// the session's upstream. Every decision is held after its prefix match until all 40 are
+// there, so that none has chosen when the others go on (what a burst on a loaded machine
+// does by chance).
+func TestSessionBandHeldUnderConcurrentDecisions(t *testing.T) {
+	const n = 40
+	p := newPolicy(t, nil)
+	pool := newPool("a:1", "b:1", "c:1", "d:1")
+	home := pick(t, p, pool, "m", coldPrompt(1000), "X-Session-ID", "app")
+
+	var arrived sync.WaitGroup
+	arrived.Add(n)
+	hold := func() { arrived.Done(); arrived.Wait() }
+	testHookDecide.Store(&hold)
+	t.Cleanup(func() { testHookDecide.Store(nil) })
+	picks := make([]string, n)
+	cancels := make([]context.CancelFunc, n)
+	var done sync.WaitGroup
+	for i := range n {
+		r, cancel := chatRequest("m", coldPrompt(i), "X-Session-ID", "app")
+		cancels[i] = cancel
+		done.Add(1)
+		go func() {
+			defer done.Done()
+			if up := p.Select(pool, r, nil); up != nil {
+				picks[i] = up.Dial
+			}
+		}()
+	}
+	done.Wait()
+	testHookDecide.Store(nil)
+
+	counts := map[string]int{}
+	for _, d := range picks {
+		counts[d]++
+	}
+	bound := burstBound(n, len(pool), DefaultBalanceAbsThreshold, DefaultBalanceRelThreshold)
+	if counts[home] > bound || counts[""] > 0 {
+		t.Errorf("40 decisions at once of one session: %v, %d on its upstream %s; the band allows %d", counts, counts[home], home, bound)
+	}
+	for _, up := range pool {
+		if got := p.state.upstream(up.Dial).inFlight.Load(); got != int64(counts[up.Dial]) {
+			t.Errorf("%s: %d in flight, %d decided", up.Dial, got, counts[up.Dial])
+		}
+	}
+	for _, c := range cancels {
+		c()
+	}
+	waitReleased(t, p, pool, nil)
+	if got := pick(t, p, pool, "m", coldPrompt(5000), "X-Session-ID", "app"); got != home {
+		t.Errorf("after the burst the session went to %s, want its binding %s kept", got, home)
+	}
+}
+
+// burstBound is the most requests of one session that a burst of n (none ending meanwhile) on
+// k upstreams puts on the session's upstream: its h-th request is placed there only while h-1
+// is within the band of the least loaded upstream, which holds at most (n-h)/(k-1) of the
+// others.
+func burstBound(n, k int, abs int64, rel float64) int {
+	for h := n; h > 1; h-- {
+		least := int64((n - h) / (k - 1))
+		if int64(h-1)-least <= abs || float64(h-1) <= float64(least)*rel {
+			return h
+		}
+	}
+	return 1
+}
+
+// The same through a real Caddy: 40 concurrent requests of one header session on 4 loopback
+// upstreams, which hold every request until all 40 have arrived, so that the counts are the
+// requests in flight at once. The decisions are held as above, so that they all run at once.
+func TestSessionBandHeldUnderConcurrentRequests(t *testing.T) {
+	const n = 40
+	f := newFleet(t, 4)
+	startCaddy(t, proxyConfig(f, "", "", ""))
+	client := newClient(t, 30*time.Second)
+	rep, _ := send(t, client, baseURL+"/v1/chat/completions", chatBody("m", coldPrompt(1000)), "X-Session-ID", "app")
+	home := f.byName(rep.Upstream)
+	if home == nil {
+		t.Fatalf("the first turn got %+v", rep)
+	}
+
+	for _, b := range f {
+		b.setHang(true)
+	}
+	var arrived sync.WaitGroup
+	arrived.Add(n)
+	hold := func() { arrived.Done(); arrived.Wait() }
+	testHookDecide.Store(&hold)
+	t.Cleanup(func() { testHookDecide.Store(nil) })
+	var done sync.WaitGroup
+	for i := range n {
+		done.Add(1)
+		go func() {
+			defer done.Done()
+			if _, code := trySend(client, baseURL+"/v1/chat/completions", chatBody("m", coldPrompt(i)), "app"); code != http.StatusOK {
+				t.Errorf("request %d: status %d", i, code)
+			}
+		}()
+	}
+	active := func() (total int64) {
+		for _, b := range f {
+			total += b.active.Load()
+		}
+		return total
+	}
+	waitUntil(t, 20*time.Second, func() bool { return active() == n }, "all 40 requests held by the upstreams")
+	counts := map[string]int64{}
+	for _, b := range f {
+		counts[b.name] = b.active.Load()
+		b.setHang(false)
+	}
+	done.Wait()
+	bound := burstBound(n, len(f), DefaultBalanceAbsThreshold, DefaultBalanceRelThreshold)
+	if counts[home.name] > int64(bound) {
+		t.Errorf("40 concurrent requests of one session: in flight %v, %d on its upstream %s; the band allows %d", counts, counts[home.name], home.name, bound)
+	}
 }

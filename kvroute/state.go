@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
 	"github.com/dustin/go-humanize"
 	"go.uber.org/zap"
 
@@ -52,6 +53,8 @@ type upstreamState struct {
 	telemetryUp atomic.Bool                // its telemetry answers (for the appear/go-away log lines)
 	peerReadAt  atomic.Int64               // unix nanos (local clock) of a peer's latest good reading of it; 0: none (telemetry.go)
 	health      healthState                // health.go
+
+	host atomic.Pointer[reverseproxy.Host] // Caddy's count of requests to the address (load.go: own)
 }
 
 // registration is what the state knows of one provisioned policy: the state serves policies
@@ -143,6 +146,10 @@ type state struct {
 	pending *sessionStore
 
 	upstreams sync.Map // dial address → *upstreamState
+
+	// deciding is held by a decision from reading the loads to counting its choice in them
+	// (select.go: Select), so that decisions running at once do not all see the same loads.
+	deciding sync.Mutex
 
 	// static holds the static upstreams of all live policies, for the per-request path: a
 	// session bound to one of them that is not in this request's pool is another site's.

@@ -37,7 +37,8 @@ type UpstreamStatus struct {
 	Decisions    map[string]uint64 `json:"decisions"`
 	LastDecision *time.Time        `json:"last_decision,omitempty"`
 	Profile      *energy.Profile   `json:"profile,omitempty"` // from the newest config's upstream block
-	// Load is the load the decision sees: in_flight plus the engine's external load.
+	// Load is the load the decision sees (load.go): in flight as this process counts them (also
+	// another reverse_proxy's requests), the peers' and the engine's external load.
 	Load int64 `json:"load"`
 	// KVCapacityTokens bounds the upstream's share of the trees: kv_capacity, else what the
 	// engine reports; 0 when unknown.
@@ -94,7 +95,7 @@ func (s *state) status() Status {
 			u := v.(*upstreamState)
 			us.InFlight = u.inFlight.Load()
 			us.QueuedTokens = u.queuedTokens.Load()
-			us.Load = s.load(u, 0, now.UnixNano())
+			us.Load = s.load(u, now.UnixNano())
 			us.Health = u.healthStatus()
 			for i, n := range pathNames {
 				us.Decisions[n] = u.decisions[i].Load()

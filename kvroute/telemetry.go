@@ -429,6 +429,8 @@ func (s *state) observe(interval time.Duration, _, cur *telemetry.Snapshot) {
 			// ended in that moment make the engine's figure look larger than what this router
 			// sent, a spike of one reading. Traffic from elsewhere lasts, so what counts is the
 			// smaller of the last two fresh readings (an interval later than one reading would).
+			// own is the figure the load counts (load.go), Caddy's count with another
+			// reverse_proxy's requests in it: they count once, there.
 			// Peers' requests (cluster) are theirs, not external: subtract them too.
 			// A peer's reading (cur.FromPeer) is taken in here as it arrives, a few
 			// milliseconds after the owner read it (its flush delay and NATS), so the counts
@@ -437,7 +439,7 @@ func (s *state) observe(interval time.Duration, _, cur *telemetry.Snapshot) {
 			// the exact instant would buy nothing the min of two readings does not already
 			// absorb. The peers' term is the owner's and the others' latest published counts,
 			// which lag by up to load_interval either way.
-			raw := max(0, r.Running+r.Waiting-u.inFlight.Load()-s.peersInFlight(cur.Key))
+			raw := max(0, r.Running+r.Waiting-u.own()-s.peersInFlight(cur.Key))
 			ext := int64(0)
 			if prev := u.engine.Load(); prev != nil && r.At.UnixNano() <= prev.until {
 				ext = min(raw, prev.raw)
