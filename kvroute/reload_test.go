@@ -37,7 +37,10 @@ type held struct {
 func newHeld() *held { return &held{entered: make(chan struct{}, 16), release: make(chan struct{})} }
 
 func (h *held) wait() {
-	h.entered <- struct{}{}
+	select {
+	case h.entered <- struct{}{}:
+	default: // entered is only read once
+	}
 	<-h.release
 }
 
@@ -72,10 +75,11 @@ func TestReloadClusterChangeDoesNotHoldSelect(t *testing.T) {
 		t.Fatal("no node after the first decision")
 	}
 	h := newHeld()
-	p.state.closeNode = func(n *cluster.Node) {
+	closeHeld := func(n *cluster.Node) {
 		h.wait()
 		_ = n.Close()
 	}
+	p.state.closeNodeHook.Store(&closeHeld)
 	t.Cleanup(func() {
 		select {
 		case <-h.release:
@@ -114,10 +118,11 @@ func TestReloadShrinkDoesNotHoldSelect(t *testing.T) {
 		t.Fatalf("the trees hold %d chars, want over 500000", c)
 	}
 	h := newHeld()
-	p.state.shrink = func() {
+	shrinkHeld := func() {
 		h.wait()
 		p.state.forest.Evict()
 	}
+	p.state.shrinkHook.Store(&shrinkHeld)
 	t.Cleanup(func() {
 		select {
 		case <-h.release:

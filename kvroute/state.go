@@ -182,11 +182,12 @@ type state struct {
 
 	cl clusterLife // the NATS membership, opened when the config starts (cluster.go)
 
-	// closeNode closes a node the cluster option no longer wants, and shrink brings the trees
-	// within limits just put in force: seams for the tests that show a request never waits
-	// for either.
-	closeNode func(*cluster.Node)
-	shrink    func()
+	// closeNodeHook and shrinkHook replace how a node the cluster option no longer wants is
+	// closed and how the trees are brought within limits just put in force (closeNode,
+	// shrink): seams for the tests that show a request never waits for either. Atomic: the
+	// eviction loop may run while a test sets them.
+	closeNodeHook atomic.Pointer[func(*cluster.Node)]
+	shrinkHook    atomic.Pointer[func()]
 
 	lastEviction atomic.Pointer[evictionRecord]
 	evictedChars atomic.Int64
@@ -216,9 +217,25 @@ func newState() *state {
 		stop:     make(chan struct{}),
 		done:     make(chan struct{}),
 	}
-	s.closeNode = func(n *cluster.Node) { _ = n.Close() }
-	s.shrink = func() { s.forest.Evict() }
 	return s
+}
+
+// closeNode closes a node the cluster option no longer wants.
+func (s *state) closeNode(n *cluster.Node) {
+	if h := s.closeNodeHook.Load(); h != nil {
+		(*h)(n)
+		return
+	}
+	_ = n.Close()
+}
+
+// shrink runs the eviction pass that the limits in force call for.
+func (s *state) shrink() {
+	if h := s.shrinkHook.Load(); h != nil {
+		(*h)()
+		return
+	}
+	s.forest.Evict()
 }
 
 // acquireState returns the process state, creating it (and its eviction goroutine) on first use.
