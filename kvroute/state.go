@@ -204,7 +204,7 @@ type evictionRecord struct {
 
 func newState() *state {
 	opts := processOptions{}.withDefaults()
-	s := &state{
+	return &state{
 		forest:   tree.NewForest(tree.Limits{}),
 		sessions: newSessionStore(opts.maxSessions, opts.sessionTTL),
 		pending:  newSessionStore(pendingCap(opts.maxSessions), opts.sessionTTL),
@@ -217,7 +217,6 @@ func newState() *state {
 		stop:     make(chan struct{}),
 		done:     make(chan struct{}),
 	}
-	return s
 }
 
 // closeNode closes a node the cluster option no longer wants.
@@ -278,7 +277,7 @@ func (s *state) ready(r *registration) {
 	if !s.gateOpen.Load() {
 		s.firstDecision(r)
 	}
-	if s.dirty.Load() && s.applyIfNewest(r.config) {
+	if r != nil && s.dirty.Load() && s.applyIfNewest(r.config) {
 		s.resyncLater()
 	}
 }
