@@ -133,8 +133,10 @@ func (s *state) node() *cluster.Node {
 }
 
 // reconcileCluster opens, keeps, replaces or closes the node so that it matches the cluster
-// option in force. It does nothing before the first decision: background work never starts
-// during caddy validate or adapt. Open never waits on the network.
+// option in force. It does nothing before the config starts (App.Start): background work never
+// starts during caddy validate or adapt. Open never waits on the network; closing a node does
+// (it flushes), so after the first start it runs on the eviction loop (syncBackground), never
+// on a request.
 func (s *state) reconcileCluster() {
 	if !s.started.Load() {
 		return
@@ -173,7 +175,7 @@ func (s *state) reconcileCluster() {
 		activeNode.CompareAndSwap(cur.node, nil)
 	}
 	if cur != nil {
-		_ = cur.node.Close()
+		s.closeNode(cur.node)
 		logger.Info("cluster: left", zap.String("name", cur.cfg.Name), zap.String("id", cur.node.ID()))
 	}
 }
@@ -185,7 +187,7 @@ func (s *state) closeCluster() {
 	s.cl.closed = true
 	if cur := s.cl.link.Swap(nil); cur != nil {
 		activeNode.CompareAndSwap(cur.node, nil)
-		_ = cur.node.Close()
+		s.closeNode(cur.node)
 	}
 }
 

@@ -144,9 +144,19 @@ func (p *KVCacheAware) Provision(ctx caddy.Context) error {
 			cluster:          p.opts.cluster,
 		},
 	}
+	// The kvroute app starts the background work with the config (app.go).
+	app, err := loadApp(ctx)
+	if err != nil {
+		_, _ = states.Delete(stateKey)
+		return err
+	}
+	p.reg.app = app != nil
 	if err := st.register(p.reg); err != nil {
 		_, _ = states.Delete(stateKey)
 		return err
+	}
+	if app != nil {
+		app.attach(st)
 	}
 	p.state = st
 	return nil

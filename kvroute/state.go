@@ -70,6 +70,7 @@ type registration struct {
 	logger      *zap.Logger
 	scheme      string         // of its reverse_proxy's upstreams: http, or https over TLS
 	process     processOptions // as given; zero: left out
+	app         bool           // its config has the kvroute app, which starts it (app.go)
 }
 
 // processOptions are the options that configure the process-wide state. All policies of one
@@ -163,12 +164,21 @@ type state struct {
 	stop     chan struct{}
 	done     chan struct{}
 
-	// started is set by the first decision, which starts the background sources of knowledge
-	// beside the decisions (they never run during caddy validate or adapt, which provision but
-	// route nothing); Destruct stops them.
-	started   atomic.Bool
-	startOnce sync.Once
-	dirty     atomic.Bool // a config registered since the options in force were applied
+	// started is set when the background sources of knowledge beside the decisions (telemetry,
+	// the cluster) run: when the kvroute app starts a config (app.go), never during caddy
+	// validate or adapt, which provision but start nothing. Destruct stops them.
+	started atomic.Bool
+	dirty   atomic.Bool // a config registered since the options in force were applied
+	// gate is closed once decisions may go: after the first start, when the first catch-up
+	// from the cluster's peers is over or firstDecisionWait passed (gateOpen: the same, in
+	// one atomic load for the request path).
+	gate     chan struct{}
+	gateOpen atomic.Bool
+	gateOnce sync.Once
+	// resync wakes the eviction loop to put the options in force in the background: after a
+	// reload, closing and opening connections, replacing readers and evicting to a smaller
+	// max_tree_size never run on a request.
+	resync chan struct{}
 
 	tel telemetryState // the engines' metrics readers (telemetry.go)
 
@@ -177,7 +187,14 @@ type state struct {
 	bgMu     sync.Mutex
 	bgClosed bool
 
-	cl clusterLife // the NATS membership, opened by the first decision (cluster.go)
+	cl clusterLife // the NATS membership, opened when the config starts (cluster.go)
+
+	// closeNodeHook and shrinkHook replace how a node the cluster option no longer wants is
+	// closed and how the trees are brought within limits just put in force (closeNode,
+	// shrink): seams for the tests that show a request never waits for either. Atomic: the
+	// eviction loop may run while a test sets them.
+	closeNodeHook atomic.Pointer[func(*cluster.Node)]
+	shrinkHook    atomic.Pointer[func()]
 
 	lastEviction atomic.Pointer[evictionRecord]
 	evictedChars atomic.Int64
@@ -202,9 +219,29 @@ func newState() *state {
 		options:  opts,
 		logger:   zap.NewNop(),
 		reconfig: make(chan struct{}, 1),
+		gate:     make(chan struct{}),
+		resync:   make(chan struct{}, 1),
 		stop:     make(chan struct{}),
 		done:     make(chan struct{}),
 	}
+}
+
+// closeNode closes a node the cluster option no longer wants.
+func (s *state) closeNode(n *cluster.Node) {
+	if h := s.closeNodeHook.Load(); h != nil {
+		(*h)(n)
+		return
+	}
+	_ = n.Close()
+}
+
+// shrink runs the eviction pass that the limits in force call for.
+func (s *state) shrink() {
+	if h := s.shrinkHook.Load(); h != nil {
+		(*h)()
+		return
+	}
+	s.forest.Evict()
 }
 
 // acquireState returns the process state, creating it (and its eviction goroutine) on first use.
@@ -231,33 +268,119 @@ func currentState() *state {
 	return s
 }
 
-// ready runs on every decision of the policy registered as r: when r's config is the newest
-// and was not applied yet, it puts that config's process-wide options in force (a config is
-// only known to be accepted once it routes: the old config's requests in the meantime leave
-// them pending); it also starts the background sources once. On the request path it costs two
+// firstDecisionWait bounds how long the first decisions of a process wait: for the kvroute app
+// to start (Caddy may start the http app first), then for the first catch-up from the
+// cluster's peers. Past it a replica routes on what it knows alone. A catch-up on loopback or a
+// LAN takes milliseconds; this leaves room for a loaded machine and a far NATS server.
+const firstDecisionWait = 500 * time.Millisecond
+
+// ready runs on every decision of the policy registered as r. The first decisions of the
+// process wait at the gate (firstDecision). When r's config is the newest and was not applied
+// yet, it puts that config's process-wide options in force (a config is only known to be
+// accepted once it starts or routes: the old config's requests in the meantime leave them
+// pending), and leaves the work that follows to the background. Afterwards it costs two
 // atomic loads.
 func (s *state) ready(r *registration) {
-	if s.dirty.Load() {
-		s.mu.Lock()
-		applied := false
-		if newest := s.newestLocked(); newest != nil && r != nil && newest.config == r.config {
-			s.applyNewestLocked()
-			applied = true
-		}
-		s.mu.Unlock()
-		if applied {
-			s.syncTelemetry() // both do nothing before the first decision starts them below
-			s.reconcileCluster()
-		}
+	if !s.gateOpen.Load() {
+		s.firstDecision(r)
 	}
-	if s.started.Load() {
+	if r != nil && s.dirty.Load() && s.applyIfNewest(r.config) {
+		s.resyncLater()
+	}
+}
+
+// applyIfNewest puts the options of config in force when it is the newest live config and they
+// were not applied yet, and reports whether it did. Only swaps: what follows from them runs in
+// the background (resyncLater).
+func (s *state) applyIfNewest(config <-chan struct{}) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.dirty.Load() {
+		return false
+	}
+	if newest := s.newestLocked(); newest == nil || newest.config != config {
+		return false
+	}
+	s.applyNewestLocked()
+	return true
+}
+
+// firstDecision holds a decision that comes before the gate opened. A policy provisioned
+// outside any config (no app: Go tests that build a caddy.Context by hand) starts the state
+// itself and waits for nothing.
+func (s *state) firstDecision(r *registration) {
+	if r == nil || !r.app {
+		if r != nil {
+			s.start(r.config)
+		}
+		s.openGate()
 		return
 	}
-	s.startOnce.Do(func() {
-		s.started.Store(true)
-		s.syncTelemetry()
-		s.reconcileCluster()
+	t := time.NewTimer(firstDecisionWait)
+	defer t.Stop()
+	select {
+	case <-s.gate:
+	case <-t.C:
+		// The app did not start in time (or the state is going): route alone from now on.
+		s.openGate()
+	case <-s.stop:
+	}
+}
+
+// start runs when a config starts (App.Start): it puts the config's options in force and
+// starts or adjusts the background work. The first start opens the connection and the readers
+// at once (there is nothing to close yet, and neither waits on the network), then opens the
+// gate when the first catch-up is over; a later one (a reload) leaves that work to the
+// background.
+func (s *state) start(config <-chan struct{}) {
+	s.applyIfNewest(config)
+	if !s.started.CompareAndSwap(false, true) {
+		s.resyncLater()
+		return
+	}
+	s.syncTelemetry()
+	s.reconcileCluster()
+	go s.awaitCatchUp(time.Now().Add(firstDecisionWait))
+	s.resyncLater() // the pass for the limits just put in force
+}
+
+// awaitCatchUp opens the gate when the node's first catch-up is over, or at deadline.
+func (s *state) awaitCatchUp(deadline time.Time) {
+	if n := s.node(); n != nil {
+		t := time.NewTimer(time.Until(deadline))
+		select {
+		case <-n.CaughtUp():
+		case <-t.C:
+		case <-s.stop:
+		}
+		t.Stop()
+	}
+	s.openGate()
+}
+
+func (s *state) openGate() {
+	s.gateOnce.Do(func() {
+		s.gateOpen.Store(true)
+		close(s.gate)
 	})
+}
+
+// resyncLater asks the eviction loop to bring the background work in line with the options in
+// force (syncBackground). It never blocks.
+func (s *state) resyncLater() {
+	select {
+	case s.resync <- struct{}{}:
+	default:
+	}
+}
+
+// syncBackground replaces the telemetry readers and the cluster node when the options in force
+// changed them, and runs the eviction pass the limits in force call for (a smaller
+// max_tree_size). It runs on the eviction loop.
+func (s *state) syncBackground() {
+	s.syncTelemetry()
+	s.reconcileCluster()
+	s.shrink()
 }
 
 // Destruct stops the eviction goroutine, the telemetry readers and the health probes when the
@@ -318,8 +441,7 @@ func (s *state) unregister(r *registration) {
 	s.applyNewestLocked()
 	logger := s.logger
 	s.mu.Unlock()
-	s.syncTelemetry()
-	s.reconcileCluster()
+	s.resyncLater()
 	for _, a := range gone {
 		if chars, sessions := s.forgetUpstream(a); chars > 0 || sessions > 0 {
 			logger.Info("upstream left the config: dropped its prefixes and sessions",
@@ -353,7 +475,10 @@ func (s *state) applyLocked(o processOptions) {
 	s.options = o
 	s.sessions.configure(o.maxSessions, o.sessionTTL)
 	s.pending.configure(pendingCap(o.maxSessions), o.sessionTTL)
-	s.forest.SetLimits(s.limitsLocked(o.maxTreeSize))
+	// A smaller max_tree_size holds at once, without making inserts wait: the pass that
+	// brings the trees within it runs in the background (syncBackground, and the one the next
+	// insert starts).
+	s.forest.StoreLimits(s.limitsLocked(o.maxTreeSize))
 	if changed {
 		select {
 		case s.reconfig <- struct{}{}:
@@ -512,6 +637,8 @@ func (s *state) evictionLoop() {
 			return
 		case <-s.reconfig:
 			arm()
+		case <-s.resync:
+			s.syncBackground()
 		case <-tick:
 			s.evict()
 		}

@@ -178,7 +178,7 @@ func parentHandler(ctx caddy.Context) *reverseproxy.Handler {
 }
 
 // telemetryState is the state's reader of the upstreams' metrics: one Scraper for the process,
-// created on the first decision and replaced when a reload changes the options.
+// created when the config starts and replaced when a reload changes the options.
 type telemetryState struct {
 	mu      sync.Mutex // serializes syncTelemetry and stopTelemetry; never held with state.mu
 	scraper *telemetry.Scraper
@@ -216,7 +216,7 @@ func (u *upstreamState) externalLoad(now int64) int64 {
 
 // syncTelemetry puts the telemetry options in force and makes the scraper read every static
 // upstream of the live policies (plus the dynamic ones it reads already). It does nothing
-// before the first decision: caddy validate and adapt provision policies but must start no
+// before the config starts: caddy validate and adapt provision policies but must start no
 // background work. state.mu must not be held: stopping a scraper waits for its Observe calls,
 // which take state.mu.
 func (s *state) syncTelemetry() {

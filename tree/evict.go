@@ -55,7 +55,8 @@ type candidate struct {
 
 type plan struct {
 	f      *Forest
-	urgent bool // an insert waits: do not rest
+	limits *Limits // the limits it was planned with
+	urgent bool    // an insert waits: do not rest
 	start  time.Time
 	slice  time.Time // start of the current work slice
 	table  []*tenant
@@ -81,6 +82,7 @@ func (f *Forest) pass(need int64) EvictStats {
 	}
 	f.dropEmpty()
 	f.collectTenants()
+	f.endGrace(p.limits)
 	p.stats.Duration = time.Since(p.start)
 	return p.stats
 }
@@ -89,14 +91,14 @@ func (f *Forest) pass(need int64) EvictStats {
 // under the hard cap.
 func (f *Forest) plan(need int64) *plan {
 	now := time.Now()
-	p := &plan{f: f, global: -1, table: *f.table.Load(), urgent: need > 0, start: now, slice: now}
 	l := f.limits.Load()
+	p := &plan{f: f, limits: l, global: -1, table: *f.table.Load(), urgent: need > 0, start: now, slice: now}
 	if b := l.MaxChars; b > 0 {
-		c := f.chars.Load()
-		if c > b || need > 0 && c+need > hardCap(b) {
+		c, capNow := f.chars.Load(), f.hardCapNow()
+		if c > b || need > 0 && capNow > 0 && c+need > capNow {
 			p.global = lowWater(b)
-			if need > 0 {
-				p.global = max(min(p.global, hardCap(b)-need), 0)
+			if need > 0 && capNow > 0 {
+				p.global = max(min(p.global, capNow-need), 0)
 			}
 		}
 	}

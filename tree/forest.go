@@ -47,6 +47,9 @@ type Forest struct {
 	clock  atomic.Uint64 // recency stamps; one tick per insert
 	chars  atomic.Int64  // stored chars, all trees
 	limits atomic.Pointer[Limits]
+	// grace is the hard cap inserts keep after StoreLimits lowered MaxChars, until a pass
+	// planned with the new limits ends: the replaced limits' cap; -1: unbounded; 0: none.
+	grace atomic.Int64
 
 	evictMu  sync.Mutex   // one pass at a time
 	evicting atomic.Bool  // a background pass is scheduled or running
@@ -80,10 +83,24 @@ func NewForest(l Limits) *Forest {
 	return f
 }
 
-func (f *Forest) storeLimits(l Limits) {
+func (f *Forest) storeLimits(l Limits) { f.storeLimitsKeeping(l, false) }
+
+// storeLimitsKeeping is storeLimits; with keepCap, a lowered MaxChars keeps the replaced cap
+// as grace (StoreLimits).
+func (f *Forest) storeLimitsKeeping(l Limits, keepCap bool) {
 	l.MaxChars = max(l.MaxChars, 0)
 	l.TenantMaxChars = maps.Clone(l.TenantMaxChars)
 	f.names.Lock() // a tenant interned meanwhile sees either these limits or the loop
+	if old := f.limits.Load(); keepCap && old != nil && l.MaxChars > 0 && (old.MaxChars == 0 || l.MaxChars < old.MaxChars) {
+		g := int64(-1)
+		if old.MaxChars > 0 {
+			g = hardCap(old.MaxChars)
+		}
+		if cur := f.grace.Load(); cur < 0 || cur > g && g > 0 {
+			g = cur
+		}
+		f.grace.Store(g)
+	}
 	f.limits.Store(&l)
 	for _, t := range *f.table.Load() {
 		if t != nil {
@@ -97,6 +114,41 @@ func (f *Forest) storeLimits(l Limits) {
 func (f *Forest) SetLimits(l Limits) {
 	f.storeLimits(l)
 	f.Evict()
+}
+
+// StoreLimits sets new limits without evicting: the caller runs Evict (in the background) to
+// bring the forest within them. Until a pass planned with them ends, a lowered MaxChars does
+// not lower the hard cap inserts wait at: an insert over it starts a pass in the background as
+// usual, so shrinking a full forest makes no insert wait for the pass that shrinks it.
+func (f *Forest) StoreLimits(l Limits) {
+	f.storeLimitsKeeping(l, true)
+}
+
+// hardCapNow is the chars an insert may take the forest to without waiting for a pass; 0:
+// unbounded.
+func (f *Forest) hardCapNow() int64 {
+	c := hardCap(f.limits.Load().MaxChars)
+	switch g := f.grace.Load(); {
+	case c == 0:
+		return 0
+	case g < 0:
+		return 0
+	case g > c:
+		return g
+	}
+	return c
+}
+
+// endGrace drops the grace cap once a pass planned with the limits in force (l) has ended.
+func (f *Forest) endGrace(l *Limits) {
+	if f.grace.Load() == 0 {
+		return
+	}
+	f.names.Lock()
+	if f.limits.Load() == l {
+		f.grace.Store(0)
+	}
+	f.names.Unlock()
 }
 
 // Tree returns the tree called name, creating it if needed.
@@ -345,7 +397,7 @@ func (f *Forest) kick() {
 // reserve adds n chars to the forest total if that keeps it within MaxChars+10%, and reports
 // whether it did.
 func (f *Forest) reserve(n int64) bool {
-	limit := hardCap(f.limits.Load().MaxChars)
+	limit := f.hardCapNow()
 	for {
 		c := f.chars.Load()
 		if limit > 0 && c+n > limit {

@@ -212,3 +212,43 @@ func TestForestMakeRoomConcurrent(t *testing.T) {
 		t.Errorf("%d trees, bound 8 (+4 racing)", n)
 	}
 }
+
+// StoreLimits lowering MaxChars on a full forest makes no insert wait for the pass that
+// shrinks it, even while a pass holds the eviction lock; the pass brings it within the new
+// bound, and the hard cap is the new one's after it.
+func TestStoreLimitsInsertsDoNotWait(t *testing.T) {
+	f := NewForest(Limits{}) // passes in the background, as in kvroute
+	tr := f.Tree("m")
+	for i := range 100 {
+		tr.Insert(fmt.Sprintf("%03d %s", i, strings.Repeat("x", 96)), "u")
+	}
+	if f.Chars() < 9000 {
+		t.Fatalf("forest holds %d chars, want about 10000", f.Chars())
+	}
+	f.evictMu.Lock() // a pass runs, or is about to: an insert that needs room waits for it
+	f.StoreLimits(Limits{MaxChars: 1000})
+	done := make(chan struct{})
+	go func() {
+		tr.Insert("a new prompt after the reload", "u")
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		f.evictMu.Unlock()
+		<-done
+		t.Fatal("an insert after StoreLimits lowered MaxChars waited for the eviction pass")
+	}
+	f.evictMu.Unlock()
+	f.Evict()
+	check(t, f)
+	if c := f.Chars(); c > 1000 {
+		t.Errorf("after the pass the forest holds %d chars, over MaxChars 1000", c)
+	}
+	if g := f.grace.Load(); g != 0 {
+		t.Errorf("the grace cap %d outlived the pass planned with the new limits", g)
+	}
+	if c := f.hardCapNow(); c != 1100 {
+		t.Errorf("hard cap %d after the pass, want 1100", c)
+	}
+}

@@ -99,6 +99,8 @@ type Node struct {
 	// them is not applied (tombs.go).
 	tombs tombstones
 
+	caught catchUp // the first catch-up (catchup.go)
+
 	sessPool sync.Pool
 
 	done      chan struct{}
@@ -186,6 +188,7 @@ func newNode(cfg Config, h Handler, loads LoadSource, logger *slog.Logger) (*Nod
 	}
 	n.own.init(cfg.LogBytes)
 	n.tombs.init(2 * cfg.ReplayWindow)
+	n.caught.init()
 	n.sessPool.New = func() any {
 		return &sessionDigest{mac: hmac.New(sha256.New, n.keys.session), sum: make([]byte, 0, sha256.Size)}
 	}
@@ -258,6 +261,7 @@ func (n *Node) connect(opts []nats.Option) {
 	if err != nil {
 		// With RetryOnFailedConnect only a bad option fails here; the node stays alone.
 		n.log.Error("cluster: NATS connect", "error", err)
+		n.caught.over()
 		return
 	}
 	// Until the first connection is up and flushed (connected), the time of subscribing is
@@ -273,6 +277,7 @@ func (n *Node) connect(opts []nats.Option) {
 		if err != nil {
 			n.log.Error("cluster: subscribe", "subject", s.subject, "error", err)
 			nc.Close()
+			n.caught.over()
 			return
 		}
 		// Bound what waits in memory for the handler; beyond it NATS drops and counts
@@ -290,6 +295,10 @@ func (n *Node) connect(opts []nats.Option) {
 	n.nc.Store(nc)
 	if nc.IsConnected() {
 		n.connected("connected")
+	} else {
+		// The first attempt failed (nats.go retries in the background): no peer can answer
+		// a catch-up request now, so the first decisions have nothing to wait for.
+		n.caught.over()
 	}
 	// Otherwise nats.go calls the ConnectHandler once the server is there.
 }

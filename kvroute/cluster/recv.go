@@ -305,6 +305,7 @@ func (n *Node) receive(kind byte, msg []byte) {
 	}
 	if kind == kindSyncData {
 		p.synced, p.resumeSet = true, false
+		defer n.replied() // once its records are applied
 	}
 	p.lastHeard, p.lag = now, now.Sub(sent)
 	p.messages++

@@ -98,7 +98,7 @@ func TestScrapesShared(t *testing.T) {
 	for i := range 3 {
 		rs = append(rs, startReplicaWith(t, fmt.Sprintf("r%d", i), 21+i, e.addr(), ns.url(), replicaSecret, extra))
 	}
-	// Telemetry and the cluster start with the first decision.
+	// Telemetry and the cluster start with the config; each replica routes one request too.
 	for _, r := range rs {
 		if _, code := r.chat(t, []string{"system prompt", "hello"}); code != http.StatusOK {
 			t.Fatalf("%s: status %d", r.name, code)
