@@ -350,7 +350,7 @@ func (p *KVCacheAware) placement(dst []energy.Candidate, cands []candidate) []en
 			Profile:      cands[i].prof,
 			InFlight:     int(cands[i].load),
 			QueuedTokens: cands[i].st.queuedTokens.Load(),
-			CachedTokens: p.state.forest.TenantChars(cands[i].up.Dial) / 4,
+			CachedTokens: int64(float64(p.state.forest.TenantChars(cands[i].up.Dial)) / p.state.upstreamCharsPerToken(cands[i].up.Dial)),
 		})
 	}
 	return dst
@@ -400,7 +400,7 @@ func (p *KVCacheAware) commit(r *http.Request, w http.ResponseWriter, req *llmRe
 	// Peers learn what this replica just learned (pending cookie ids stay local: a client
 	// that keeps no cookies must not fill every replica's store).
 	p.state.share(req.Model, c.up.Dial, req.Text, bindKey, boundAt)
-	req.track(r, c.st)
+	req.track(r, c.st, p.state.tokensOf(req.Model, int64(req.Runes)))
 	req.attempt.Store(c.st)
 	if len(req.tried) == 0 {
 		p.state.watchOutcome(r, req)
@@ -447,11 +447,12 @@ func (p *KVCacheAware) count(c *candidate, req *llmRequest, path int) {
 	if c != nil {
 		addr = c.up.Dial
 		c.st.decisions[path].Add(1)
+		c.st.learn.sent.sent(req.Model, req.Runes, matched)
 		if req.Runes > 0 {
 			metrics.matchRatio.Observe(ratio)
 		}
 		if matched > 0 && (path == pathSession || path == pathPrefixHit || path == pathImbalance) {
-			avoided := int64(matched) / 4
+			avoided := p.state.tokensOf(req.Model, int64(matched))
 			metrics.tokensAvoided.Add(float64(avoided))
 			if c.prof != nil {
 				metrics.joulesSaved.Add(float64(energy.SavedJoules(c.prof, avoided)))
