@@ -43,6 +43,9 @@ func TestParseCounters(t *testing.T) {
 				HasCacheHits | HasGenerationTokens | HasPrefillTime | HasDecodeTime | HasTTFT | HasStartTime}, 1741},
 		{"llmd_sim_v0.10.2.txt", Counters{CacheQueries: 214, PrefillSeconds: 2.444e-06, PrefillRequests: 2,
 			Known: HasCacheQueries | HasCacheHits | HasPrefillTime | HasTTFT}, 2},
+		{"llmd_sim_v0.10.2_counters.txt", Counters{PromptTokens: 2958, CacheQueries: 2958, CacheHits: 2400, GenerationTokens: 51,
+			PrefillSeconds: 0.024574053999999998, PrefillRequests: 6, DecodeSeconds: 0.10926406500000001,
+			Known: HasPromptTokens | HasCacheQueries | HasCacheHits | HasGenerationTokens | HasPrefillTime | HasDecodeTime | HasTTFT}, 6},
 		{"sglang_docs.txt", Counters{PromptTokens: 8.128902e+06, GenerationTokens: 7.557572e+06,
 			Known: HasPromptTokens | HasGenerationTokens | HasTTFT}, 11008},
 		// SGLang's cached tokens from every cache_source, its prompt tokens from both
