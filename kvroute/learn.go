@@ -130,8 +130,7 @@ func (f *atomicFloat) load() float64 { return math.Float64frombits(f.bits.Load()
 // prompt tokens, and the figure they make (float64 bits; 0 until learned).
 type modelChars struct {
 	mu     sync.Mutex
-	chars  []float64
-	tokens []float64
+	window []charsInterval
 	value  atomic.Uint64
 	used   atomic.Uint64 // the value the trees' bounds were last computed with
 }
@@ -241,22 +240,24 @@ func (s *state) learnFrom(u *upstreamState, cur *telemetry.Snapshot) {
 }
 
 // learnChars adds an interval's routing chars and engine prompt tokens to model's chars per
-// token, when this router is the engine's only source over the interval: no cluster (peers'
-// requests are not counted here), no external load at either reading, and the engine started
-// no more requests than this router sent it (its TTFT or prefill-time count, where exported).
+// token. The caller passes only intervals where this router is likely the engine's only source
+// (no cluster, no external load at either reading, one model sent); intervals in which it sent
+// nothing count too, or the tokens of requests sent just before a reading would be lost and the
+// figure biased up. The figure is published only while the engine, over the window, started no
+// more requests than this router sent it (its TTFT or prefill-time count, where exported).
 func (s *state) learnChars(model string, d *telemetry.Delta, dSent [3]int64) {
 	tokens := 0.0
 	switch {
 	case d.Known.Has(telemetry.HasPromptTokens):
 		tokens = d.PromptTokens
 	case d.Known.Has(telemetry.HasCacheQueries):
-		// vLLM-like engines without a prompt total (llm-d's simulator) look every prompt
-		// token up in the prefix cache once.
+		// vLLM-like engines without a prompt total (llm-d's simulator before a request
+		// finished) look every prompt token up in the prefix cache once.
 		tokens = d.CacheQueries
 	default:
 		return // llama.cpp counts only the tokens it computed
 	}
-	if dSent[0] <= 0 || dSent[1] <= 0 || tokens <= 0 || s.node() != nil {
+	if s.node() != nil || (tokens <= 0 && dSent[1] <= 0) {
 		return
 	}
 	started := -1.0
@@ -265,12 +266,6 @@ func (s *state) learnChars(model string, d *telemetry.Delta, dSent [3]int64) {
 		started = d.TTFT.Count
 	case d.Known.Has(telemetry.HasPrefillTime):
 		started = d.PrefillRequests
-	}
-	if started > float64(dSent[0])*1.25+2 {
-		return // someone else sends it requests too
-	}
-	if r := float64(dSent[1]) / tokens; r < minCharsPerToken/2 || r > maxCharsPerToken*2 {
-		return // an interval whose counts do not line up at all (a burst straddling readings)
 	}
 	v, ok := s.learnedChars.Load(model)
 	if !ok {
@@ -285,19 +280,23 @@ func (s *state) learnChars(model string, d *telemetry.Delta, dSent [3]int64) {
 	}
 	mc := v.(*modelChars)
 	mc.mu.Lock()
-	mc.chars = pushWindow(mc.chars, float64(dSent[1]), charsWindow)
-	mc.tokens = pushWindow(mc.tokens, tokens, charsWindow)
-	var sc, st float64
-	for i := range mc.chars {
-		sc += mc.chars[i]
-		st += mc.tokens[i]
+	mc.window = pushInterval(mc.window, charsInterval{chars: float64(dSent[1]), tokens: tokens,
+		sent: float64(dSent[0]), started: started})
+	var sum charsInterval
+	for _, w := range mc.window {
+		sum.chars += w.chars
+		sum.tokens += w.tokens
+		if w.started >= 0 {
+			sum.sent += w.sent
+			sum.started += w.started
+		}
 	}
-	n := len(mc.chars)
+	n := len(mc.window)
 	mc.mu.Unlock()
-	if st < minCharsTokens || n < minCharsIntervals {
+	if sum.tokens < minCharsTokens || n < minCharsIntervals || sum.chars <= 0 || sum.started > sum.sent*1.25+2 {
 		return
 	}
-	c := min(maxCharsPerToken, max(minCharsPerToken, sc/st))
+	c := min(maxCharsPerToken, max(minCharsPerToken, sum.chars/sum.tokens))
 	mc.value.Store(math.Float64bits(c))
 	if used := math.Float64frombits(mc.used.Load()); used == 0 || math.Abs(c-used) > limitsChange*used {
 		mc.used.Store(math.Float64bits(c))
@@ -305,6 +304,19 @@ func (s *state) learnChars(model string, d *telemetry.Delta, dSent [3]int64) {
 		s.forest.SetLimits(s.limitsLocked(s.options.maxTreeSize))
 		s.mu.Unlock()
 	}
+}
+
+// charsInterval is one interval of a model's chars per token: routing chars and requests this
+// router sent, prompt tokens and requests started (-1: not exported) its engine counted.
+type charsInterval struct {
+	chars, tokens, sent, started float64
+}
+
+func pushInterval(w []charsInterval, v charsInterval) []charsInterval {
+	if len(w) >= charsWindow {
+		w = append(w[:0], w[len(w)-charsWindow+1:]...)
+	}
+	return append(w, v)
 }
 
 // engineRestarted drops the upstream's share of every tree: its engine came back with an
