@@ -99,6 +99,9 @@ func (b *bench) runOnce(ctx context.Context, p policy) (*replay.Result, error) {
 	}
 	if err == nil && admin > 0 && p.Module == "kv_cache_aware" && b.cfg.telemetry {
 		if l, lerr := learnedReport(admin); lerr == nil {
+			if b.cfg.fleet == "llmd" {
+				l += fmt.Sprintf("\n  llm-d's own count on this workload: %.2f chars per token", llmdCharsPerToken(b.workload, b.fleet.BlockTokens()))
+			}
 			fmt.Printf("\n  %s\n  ", l)
 		} else {
 			fmt.Fprintln(os.Stderr, "warning: reading what kv_cache_aware learned:", lerr)

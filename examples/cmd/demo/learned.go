@@ -9,6 +9,9 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/kvroute/caddy-kvroute/examples/workload"
+	"github.com/kvroute/caddy-kvroute/kvroute/llmreq"
 )
 
 // learnedReport reads what kv_cache_aware learned from the engines' totals during a run (its
@@ -103,4 +106,26 @@ func sortedKeys[V any](m map[string]V) []string {
 	}
 	slices.Sort(keys)
 	return keys
+}
+
+// llmdCharsPerToken is llm-d's simulator's own chars per token on a workload: the routing text
+// kvroute extracts from each call's body over the tokens the simulator's dummy tokenizer counts
+// for it, over every call. It is what kv_cache_aware should learn on an llmd fleet.
+func llmdCharsPerToken(w workload.Workload, blockTokens int) float64 {
+	var chars, tokens float64
+	for _, s := range w.Sessions {
+		for _, c := range s.Calls {
+			c = c.Resolve()
+			body, err := c.Body(false)
+			if err != nil {
+				continue
+			}
+			chars += float64(llmreq.Parse(body, false).Runes)
+			tokens += float64(llmdPrompt(c, blockTokens).Tokens)
+		}
+	}
+	if tokens == 0 {
+		return 0
+	}
+	return chars / tokens
 }
