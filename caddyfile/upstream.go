@@ -2,6 +2,7 @@ package caddyfile
 
 import (
 	"fmt"
+	"math"
 	"net"
 	"strconv"
 	"strings"
@@ -14,7 +15,7 @@ import (
 // upstreamOptions lists the options of an upstream block, for the error
 // that names an unknown one.
 const upstreamOptions = "accelerator, models, max_concurrency, energy_per_token, prefill_energy_per_token, " +
-	"carbon_intensity, zone, kv_capacity, metrics_url, continuous_batching, paged_kv"
+	"carbon_intensity, zone, kv_capacity, prefill_tokens_per_second, metrics_url, continuous_batching, paged_kv"
 
 // ParseUpstream parses one upstream block into the upstream's dial address
 // and its profile:
@@ -28,6 +29,7 @@ const upstreamOptions = "accelerator, models, max_concurrency, energy_per_token,
 //		carbon_intensity         <gCO2e/kWh>
 //		zone                     <name>
 //		kv_capacity              <tokens>      # SI or binary suffix: 2M, 512Ki
+//		prefill_tokens_per_second <tokens/s>   # prior until learned from the engine
 //		metrics_url              <url>         # http(s) URL of the engine's metrics
 //		continuous_batching
 //		paged_kv
@@ -166,6 +168,16 @@ func parseUpstreamOption(d *cf.Dispenser, option string, p *energy.Profile) erro
 			return d.Errf("%s: must be >= 1 token, got %d (leave it out when unknown)", option, n)
 		}
 		p.KVCapacity = n
+
+	case "prefill_tokens_per_second":
+		f, err := FloatArg(d)
+		if err != nil {
+			return err
+		}
+		if !(f > 0) || math.IsInf(f, 0) {
+			return d.Errf("%s: must be a finite number of tokens per second > 0, got %v (leave it out when unknown)", option, f)
+		}
+		p.PrefillTokensPerSecond = f
 
 	case "metrics_url":
 		s, err := StringArg(d)

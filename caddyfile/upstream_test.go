@@ -43,23 +43,25 @@ func TestParseUpstream(t *testing.T) {
 				carbon_intensity         56
 				zone                     EU-FR
 				kv_capacity              2M
+				prefill_tokens_per_second 12000
 				metrics_url              http://10.0.0.1:9090/metrics
 				continuous_batching
 				paged_kv
 			}`,
 			addr: "10.0.0.1:8000",
 			want: energy.Profile{
-				Accelerator:           energy.GPU,
-				Models:                []string{"llama-3.1-8b", "qwen2.5-7b", "meta-llama/*"},
-				MaxConcurrency:        64,
-				EnergyPerToken:        mustJoules(t, "150uJ"),
-				PrefillEnergyPerToken: mustJoules(t, "20uJ"),
-				CarbonIntensity:       56,
-				Zone:                  "EU-FR",
-				KVCapacity:            2_000_000,
-				MetricsURL:            "http://10.0.0.1:9090/metrics",
-				ContinuousBatching:    true,
-				PagedKV:               true,
+				Accelerator:            energy.GPU,
+				Models:                 []string{"llama-3.1-8b", "qwen2.5-7b", "meta-llama/*"},
+				MaxConcurrency:         64,
+				EnergyPerToken:         mustJoules(t, "150uJ"),
+				PrefillEnergyPerToken:  mustJoules(t, "20uJ"),
+				CarbonIntensity:        56,
+				Zone:                   "EU-FR",
+				KVCapacity:             2_000_000,
+				PrefillTokensPerSecond: 12000,
+				MetricsURL:             "http://10.0.0.1:9090/metrics",
+				ContinuousBatching:     true,
+				PagedKV:                true,
 			},
 		},
 		{name: "no block", in: "upstream 10.0.0.1:8000", addr: "10.0.0.1:8000"},
@@ -117,6 +119,9 @@ func TestParseUpstreamErrors(t *testing.T) {
 		{"zone missing", "upstream a:1 {\n\tzone\n}", []string{"zone: want 1 argument, got 0", "Testfile:2"}},
 		{"kv_capacity suffix", "upstream a:1 {\n\tkv_capacity 2X\n}", []string{"kv_capacity: invalid size", "Testfile:2"}},
 		{"kv_capacity zero", "upstream a:1 {\n\tkv_capacity 0\n}", []string{"kv_capacity: must be >= 1", "Testfile:2"}},
+		{"prefill speed zero", "upstream a:1 {\n\tprefill_tokens_per_second 0\n}", []string{"prefill_tokens_per_second: must be a finite number of tokens per second > 0", "Testfile:2"}},
+		{"prefill speed negative", "upstream a:1 {\n\tprefill_tokens_per_second -3\n}", []string{"prefill_tokens_per_second: must be", "Testfile:2"}},
+		{"prefill speed word", "upstream a:1 {\n\tprefill_tokens_per_second fast\n}", []string{"prefill_tokens_per_second: invalid number", "Testfile:2"}},
 		{"metrics_url scheme", "upstream a:1 {\n\tmetrics_url unix:///x.sock\n}", []string{"metrics_url: bad URL", "Testfile:2"}},
 		{"metrics_url host", "upstream a:1 {\n\tmetrics_url http:///metrics\n}", []string{"metrics_url: bad URL", "Testfile:2"}},
 		{"flag with argument", "upstream a:1 {\n\tpaged_kv true\n}", []string{`paged_kv: takes no argument, got "true"`, "Testfile:2"}},

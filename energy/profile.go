@@ -52,6 +52,9 @@ type Profile struct {
 	Zone string `json:"zone,omitempty"`
 	// KVCapacity is how many tokens the upstream's KV cache holds.
 	KVCapacity int64 `json:"kv_capacity,omitempty"`
+	// PrefillTokensPerSecond is the upstream's prefill speed (uncached prompt tokens per
+	// second) until kvroute learns it from the engine's own totals.
+	PrefillTokensPerSecond float64 `json:"prefill_tokens_per_second,omitempty"`
 	// MetricsURL is where the upstream's engine serves its Prometheus metrics (http or
 	// https), when it is not the upstream's own address with the configured path (an engine
 	// behind a sidecar, a Unix socket).
@@ -87,6 +90,9 @@ func (p *Profile) Validate() error {
 	}
 	if ci := p.CarbonIntensity; ci < 0 || math.IsNaN(ci) || math.IsInf(ci, 0) {
 		return fmt.Errorf("carbon_intensity: must be a finite number of gCO2e/kWh >= 0, got %v", ci)
+	}
+	if v := p.PrefillTokensPerSecond; v < 0 || math.IsNaN(v) || math.IsInf(v, 0) {
+		return fmt.Errorf("prefill_tokens_per_second: must be a finite number of tokens per second > 0, got %v", v)
 	}
 	if p.KVCapacity < 0 {
 		return fmt.Errorf("kv_capacity: must be >= 1 token, got %d", p.KVCapacity)

@@ -90,6 +90,7 @@ func TestProfileValidate(t *testing.T) {
 		{name: "carbon negative", p: Profile{CarbonIntensity: -3}, wantErr: "carbon_intensity: must be"},
 		{name: "carbon NaN", p: Profile{CarbonIntensity: math.NaN()}, wantErr: "carbon_intensity: must be"},
 		{name: "kv_capacity", p: Profile{KVCapacity: -5}, wantErr: "kv_capacity: must be >= 1"},
+		{name: "prefill_tokens_per_second", p: Profile{PrefillTokensPerSecond: -1}, wantErr: "prefill_tokens_per_second: must be"},
 	}
 	for _, tt := range tests {
 		err := tt.p.Validate()

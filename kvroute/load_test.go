@@ -13,9 +13,9 @@ import (
 	"time"
 )
 
-// countingEngine is a loopback inference server whose vLLM metrics page reports the requests
+// liveEngine is a loopback inference server whose vLLM metrics page reports the requests
 // it is serving right now, whoever sent them. Requests to /plain/ wait until released.
-type countingEngine struct {
+type liveEngine struct {
 	name    string
 	srv     *httptest.Server
 	active  atomic.Int64 // requests being served, the page's num_requests_running
@@ -24,16 +24,16 @@ type countingEngine struct {
 	release chan struct{}
 }
 
-func newCountingEngine(t *testing.T, name string) *countingEngine {
-	e := &countingEngine{name: name, release: make(chan struct{})}
+func newLiveEngine(t *testing.T, name string) *liveEngine {
+	e := &liveEngine{name: name, release: make(chan struct{})}
 	e.srv = httptest.NewServer(http.HandlerFunc(e.serve))
 	t.Cleanup(e.srv.Close)
 	return e
 }
 
-func (e *countingEngine) addr() string { return strings.TrimPrefix(e.srv.URL, "http://") }
+func (e *liveEngine) addr() string { return strings.TrimPrefix(e.srv.URL, "http://") }
 
-func (e *countingEngine) serve(w http.ResponseWriter, r *http.Request) {
+func (e *liveEngine) serve(w http.ResponseWriter, r *http.Request) {
 	if r.URL.Path == "/metrics" {
 		e.scrapes.Add(1)
 		w.Header().Set("Content-Type", "text/plain; version=0.0.4")
@@ -66,7 +66,7 @@ vllm:num_requests_waiting{engine="0",model_name="m"} 0
 // session stays. Counted twice (8), the session would be sent to u2.
 func TestLoadCountsAnotherProxysRequestsOnce(t *testing.T) {
 	leakCheck(t)
-	u1, u2 := newCountingEngine(t, "u1"), newCountingEngine(t, "u2")
+	u1, u2 := newLiveEngine(t, "u1"), newLiveEngine(t, "u2")
 	startCaddy(t, fmt.Sprintf(`{
 	admin localhost:2999
 	http_port %d

@@ -38,7 +38,7 @@ func newMetrics() *kvMetrics {
 		}),
 		tokensAvoided: prometheus.NewCounter(prometheus.CounterOpts{
 			Namespace: ns, Subsystem: sub, Name: "prefill_tokens_avoided_total",
-			Help: "Estimated prompt tokens (chars/4) already cached on the chosen upstream.",
+			Help: "Estimated prompt tokens (chars over the model's chars per token) already cached on the chosen upstream.",
 		}),
 		joulesSaved: prometheus.NewCounter(prometheus.CounterOpts{
 			Namespace: ns, Subsystem: sub, Name: "joules_saved_total",
@@ -58,7 +58,7 @@ func registerMetrics(reg *prometheus.Registry) {
 	}
 	for _, c := range []prometheus.Collector{
 		metrics.decisionsVec, metrics.matchRatio, metrics.tokensAvoided, metrics.joulesSaved,
-		&metrics.gauges, &metrics.cluster,
+		&metrics.gauges, &metrics.cluster, &learnCollector{},
 	} {
 		if err := reg.Register(c); err != nil {
 			var are prometheus.AlreadyRegisteredError

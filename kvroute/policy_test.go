@@ -438,12 +438,16 @@ func TestSelectShortSharedPrefixIsNoMatch(t *testing.T) {
 }
 
 func TestTenantBound(t *testing.T) {
-	for _, c := range []struct{ tokens, want int64 }{
-		{1, 6}, {200, 1200}, {4096, 24576}, {math.MaxInt64 / 12, math.MaxInt64 / 12 * 6},
-		{math.MaxInt64/12 + 1, math.MaxInt64}, {math.MaxInt64, math.MaxInt64},
+	for _, c := range []struct {
+		tokens int64
+		cpt    float64
+		want   int64
+	}{
+		{1, 4, 6}, {200, 4, 1200}, {4096, 4, 24576}, {4096, 7, 43008}, {1000, 2.5, 3750},
+		{1 << 61, 4, math.MaxInt64}, {math.MaxInt64, 4, math.MaxInt64}, {math.MaxInt64, 16, math.MaxInt64},
 	} {
-		if got := tenantBound(c.tokens); got != c.want {
-			t.Errorf("tenantBound(%d) = %d, want %d", c.tokens, got, c.want)
+		if got := tenantBound(c.tokens, c.cpt); got != c.want {
+			t.Errorf("tenantBound(%d, %v) = %d, want %d", c.tokens, c.cpt, got, c.want)
 		}
 	}
 }

@@ -38,6 +38,8 @@ type llmRequest struct {
 
 	// pick is the upstream this request is counted against while in flight; a retry moves it.
 	pick atomic.Pointer[upstreamState]
+	// tokens is the prompt's estimated tokens, set when it is first placed.
+	tokens atomic.Int64
 
 	// attempt is the latest attempt, for its outcome (health.go).
 	attempt atomic.Pointer[attempt]
@@ -145,14 +147,19 @@ func boundKey(s string, max int) string {
 	return "sha256:" + hex.EncodeToString(sum[:])
 }
 
-// promptTokens estimates the prompt's tokens: chars / 4.
+// promptTokens is the prompt's tokens as estimated when the request was first placed (the
+// model's chars per token then): untrack takes back what track added, whatever was learned
+// meanwhile.
 func (lr *llmRequest) promptTokens() int64 {
-	return int64(lr.Runes+3) / 4
+	return lr.tokens.Load()
 }
 
 // track counts the request as in flight on u until the request ends; a retry moves it from the
 // previous pick.
-func (lr *llmRequest) track(r *http.Request, u *upstreamState) {
+func (lr *llmRequest) track(r *http.Request, u *upstreamState, estimate int64) {
+	if lr.pick.Load() == nil && lr.tokens.Load() == 0 {
+		lr.tokens.Store(estimate)
+	}
 	tokens := lr.promptTokens()
 	u.inFlight.Add(1)
 	u.queuedTokens.Add(tokens)

@@ -60,6 +60,7 @@ func (p *KVCacheAware) Select(pool reverseproxy.UpstreamPool, r *http.Request, w
 	treeName := p.treeName(req.Model)
 	held := p.matchText(treeName, req.Text)
 	defer held.release()
+	estimate := p.state.tokensOf(req.Model, int64(req.Runes)) // the prompt's tokens, for the queue
 	if hook := testHookDecide.Load(); hook != nil {
 		(*hook)()
 	}
@@ -105,7 +106,7 @@ func (p *KVCacheAware) Select(pool reverseproxy.UpstreamPool, r *http.Request, w
 	}
 
 	// 6. Record: the choice counts in the loads before the next decision reads them.
-	req.track(r, cands[chosen].st)
+	req.track(r, cands[chosen].st, estimate)
 	unlock()
 	return p.commit(r, w, req, &cands[chosen], treeName, sess, path)
 }
@@ -401,7 +402,7 @@ func (p *KVCacheAware) placement(dst []energy.Candidate, cands []candidate) []en
 			Profile:      cands[i].prof,
 			InFlight:     int(cands[i].load),
 			QueuedTokens: cands[i].st.queuedTokens.Load(),
-			CachedTokens: p.state.forest.TenantChars(cands[i].up.Dial) / 4,
+			CachedTokens: int64(float64(p.state.forest.TenantChars(cands[i].up.Dial)) / p.state.upstreamCharsPerToken(cands[i].up.Dial)),
 		})
 	}
 	return dst
@@ -498,11 +499,12 @@ func (p *KVCacheAware) count(c *candidate, req *llmRequest, path int) {
 	if c != nil {
 		addr = c.up.Dial
 		c.st.decisions[path].Add(1)
+		c.st.learn.sent.sent(req.Model, req.Runes, matched)
 		if req.Runes > 0 {
 			metrics.matchRatio.Observe(ratio)
 		}
 		if matched > 0 && (path == pathSession || path == pathPrefixHit || path == pathImbalance) {
-			avoided := int64(matched) / 4
+			avoided := p.state.tokensOf(req.Model, int64(matched))
 			metrics.tokensAvoided.Add(float64(avoided))
 			if c.prof != nil {
 				metrics.joulesSaved.Add(float64(energy.SavedJoules(c.prof, avoided)))

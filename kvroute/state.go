@@ -53,6 +53,7 @@ type upstreamState struct {
 	telemetryUp atomic.Bool                // its telemetry answers (for the appear/go-away log lines)
 	peerReadAt  atomic.Int64               // unix nanos (local clock) of a peer's latest good reading of it; 0: none (telemetry.go)
 	health      healthState                // health.go
+	learn       upstreamLearn              // what its engine's totals taught (learn.go)
 
 	host atomic.Pointer[reverseproxy.Host] // Caddy's count of requests to the address (load.go: own)
 }
@@ -181,6 +182,9 @@ type state struct {
 	resync chan struct{}
 
 	tel telemetryState // the engines' metrics readers (telemetry.go)
+	// learnedChars holds each model's chars per token: model → *modelChars (learn.go).
+	learnedChars  sync.Map
+	nLearnedChars atomic.Int64
 
 	// Health probes (health.go): bg counts them, bgClosed refuses new ones once destroyed.
 	bg       sync.WaitGroup
@@ -536,7 +540,7 @@ func (s *state) limitsLocked(maxChars int64) tree.Limits {
 		if l.TenantMaxChars == nil {
 			l.TenantMaxChars = make(map[string]int64)
 		}
-		l.TenantMaxChars[addr] = tenantBound(tokens)
+		l.TenantMaxChars[addr] = tenantBound(tokens, s.upstreamCharsPerToken(addr))
 	}
 	annotated := make(map[string]bool)
 	for q := range s.regs {
@@ -556,18 +560,21 @@ func (s *state) limitsLocked(maxChars int64) tree.Limits {
 }
 
 // tenantBound returns the chars the tree remembers for an upstream whose KV cache holds tokens
-// tokens: 1.5 × its capacity at 4 chars per token. The tree cannot see what the worker evicts;
+// tokens: 1.5 × its capacity at charsPerToken, the chars per token learned for the model it is
+// sent (4 until learned: on llm-d's simulator, whose tokenizer counts about 7 chars per token on
+// the Mooncake trace, 4 made the trees forget prefixes the engine still held). The tree cannot see what the worker evicts;
 // forgetting a prefix the worker still holds sends its next request elsewhere to prefill it
 // again, remembering one the worker dropped costs that one request a cold prefill on a worker
 // that likely still holds its shorter prefixes. Measured on the demo (3 runs each,
 // docs/benchmarks.md): at 1× the chat hit ratio was 0.525–0.535 and Mooncake's 0.096; at 1.5×,
 // 0.547 and 0.101, with p99 TTFT still below round_robin's.
-func tenantBound(tokens int64) int64 {
-	const charsPerToken, slackNum, slackDen = 4, 3, 2
-	if tokens > math.MaxInt64/(charsPerToken*slackNum) {
+func tenantBound(tokens int64, charsPerToken float64) int64 {
+	const slack = 1.5
+	b := float64(tokens) * charsPerToken * slack
+	if !(b < math.MaxInt64/2) {
 		return math.MaxInt64
 	}
-	return tokens * charsPerToken * slackNum / slackDen
+	return int64(b)
 }
 
 // upstream returns the state of the upstream with dial address addr.

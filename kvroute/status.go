@@ -20,6 +20,9 @@ type Status struct {
 	EvictedChars    int64                     `json:"evicted_chars"`
 	LastEviction    *evictionRecord           `json:"last_eviction,omitempty"`
 	Cluster         *cluster.Stats            `json:"cluster,omitempty"` // with the cluster option, once running
+	// CharsPerToken holds the chars of routing text per prompt token learned per model (a
+	// model absent here is estimated at DefaultCharsPerToken).
+	CharsPerToken map[string]float64 `json:"chars_per_token"`
 }
 
 // ModelStatus is one model's tree.
@@ -42,9 +45,16 @@ type UpstreamStatus struct {
 	Load int64 `json:"load"`
 	// KVCapacityTokens bounds the upstream's share of the trees: kv_capacity, else what the
 	// engine reports; 0 when unknown.
-	KVCapacityTokens int64            `json:"kv_capacity_tokens,omitempty"`
-	Telemetry        *TelemetryStatus `json:"telemetry,omitempty"` // absent when not read
-	Health           HealthStatus     `json:"health"`
+	KVCapacityTokens int64 `json:"kv_capacity_tokens,omitempty"`
+	// TreeBoundChars is what the trees remember for the upstream at most: 1.5 × its KV
+	// capacity at the chars per token of the model it is sent.
+	TreeBoundChars int64            `json:"tree_bound_chars,omitempty"`
+	Telemetry      *TelemetryStatus `json:"telemetry,omitempty"` // absent when not read
+	// Learned is what the upstream's engine's totals taught (prefill and decode speed, its own
+	// hit ratio beside the predicted one, restarts) and which totals it exports; the priors
+	// until then.
+	Learned *learnedFigures `json:"learned"`
+	Health  HealthStatus    `json:"health"`
 }
 
 // status answers the admin API's GET /kvroute/: what the state knows, per model and upstream.
@@ -58,6 +68,7 @@ func (s *state) status() Status {
 	st.Evictions = s.evictions.Load()
 	st.EvictedChars = s.evictedChars.Load()
 	st.LastEviction = s.lastEviction.Load()
+	st.CharsPerToken = s.learnedCharsMap()
 	addrs := s.upstreamAddrs()
 	for _, name := range s.forest.Names() {
 		t := s.forest.Get(name)
@@ -109,7 +120,11 @@ func (s *state) status() Status {
 			us.Profile = &prof
 		}
 		us.KVCapacityTokens = capacity[a]
+		if c := capacity[a]; c > 0 {
+			us.TreeBoundChars = tenantBound(c, s.upstreamCharsPerToken(a))
+		}
 		us.Telemetry = s.telemetryStatus(a, now)
+		us.Learned = s.learnedStatus(a)
 		if us.Health.State == "" {
 			us.Health.State = "up"
 		}

@@ -450,6 +450,7 @@ func (s *state) observe(interval time.Duration, _, cur *telemetry.Snapshot) {
 		if r.Known.Has(telemetry.HasKVCapacity) {
 			s.setEngineCapacity(cur.Key, r.KVCapacityTokens)
 		}
+		s.learnFrom(u, cur)
 		if !u.telemetryUp.Swap(true) {
 			s.log().Info("telemetry: reading the upstream's engine",
 				zap.String("upstream", cur.Key), zap.String("url", cur.URL),

@@ -19,13 +19,24 @@
 //     Scraper reads it);
 //   - TGI: tgi_batch_current_size, tgi_queue_size; no usage or capacity.
 //
+// Beside these gauges, a Reading carries the engine's cumulative totals (Counters): prompt
+// tokens, prompt tokens computed rather than found in a cache, prefix-cache queries and hits,
+// generated tokens, prefill and decode seconds, the time-to-first-token histogram and the
+// process start time (see Counters for each engine's families). Diff of two readings gives an
+// interval's figures (Delta) and says whether the engine restarted between them (a total back
+// by more than a wobble, or a new start time); the Scraper diffs each target's consecutive
+// readings and publishes the result in Snapshot.Delta, with Restarts and Anomalies counted.
+//
 // Series of one family that differ only in a rank label (tp_rank, pp_rank, ...) are one engine
 // seen from each rank and count once; series that differ otherwise (vLLM's engine label under
 // data parallelism, SGLang's dp_rank) are engines behind one port and add up. A model label
 // (model_name, model) splits the figures per model in Reading.Models; the top-level figures
 // are the upstream's whole load, every model together.
 //
-// Bad input changes nothing but counts: a value that is NaN, infinite, negative, a usage above
+// Bad input changes nothing but counts (a histogram without buckets, with decreasing buckets or
+// with buckets above its count is dropped like an invalid value; a total that went back a
+// little, a family gone, another model or an absurd rate leaves that delta out and is counted
+// in Snapshot.Anomalies): a value that is NaN, infinite, negative, a usage above
 // 1 or a capacity below 1 is dropped and counted in Reading.Ignored; a page larger than its
 // bound, not UTF-8, not Prometheus text or without any understood family is an error.
 //

@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 )
 
 // FuzzParse feeds Parse arbitrary pages: it must never panic, and whatever it accepts must be
@@ -31,18 +32,37 @@ func FuzzParse(f *testing.F) {
 		"tgi_queue_size{a=\"\\\"\"} 1\n",
 		"llamacpp:requests_processing 1 1700000000000\n",
 		"\xff\xfe\x00",
+		"# TYPE vllm:time_to_first_token_seconds histogram\nvllm:time_to_first_token_seconds_bucket{le=\"1\"} 5\nvllm:time_to_first_token_seconds_bucket{le=\"0.1\"} 7\nvllm:time_to_first_token_seconds_count 3\n",
+		"# TYPE vllm:request_prefill_time_seconds histogram\nvllm:request_prefill_time_seconds_sum 1e300\nvllm:request_prefill_time_seconds_count 1\n",
+		"vllm:prompt_tokens_total 5\nvllm:prefix_cache_hits_total 9\nprocess_start_time_seconds 1\n",
+		"sglang:cached_tokens_total{cache_source=\"device\",tp_rank=\"1\"} 3\nsglang:prompt_tokens_total -1\n",
 	} {
 		f.Add([]byte(s))
 	}
+	base, err := os.ReadFile(filepath.Join("testdata", "vllm_documented_counters.txt"))
+	if err != nil {
+		f.Fatal(err)
+	}
+	prev, err := Parse(bytes.NewReader(base), 0)
+	if err != nil {
+		f.Fatal(err)
+	}
+	prev.At = time.Unix(1_800_000_000, 0)
 	f.Fuzz(func(t *testing.T, page []byte) {
 		r, err := Parse(bytes.NewReader(page), 1<<20)
+		checkCounters(t, r.Counters)
+		// Whatever the page, its delta against a good reading (either way round) is bounded.
+		r.At = prev.At.Add(time.Second)
+		for _, d := range []Delta{Diff(&prev, &r), Diff(&r, &prev)} {
+			checkDelta(t, d)
+		}
 		if len(r.Models) > MaxModels || r.Ignored < 0 {
 			t.Fatalf("models %d ignored %d", len(r.Models), r.Ignored)
 		}
 		if err != nil {
 			return
 		}
-		if r.Engine == EngineUnknown || r.Known == 0 {
+		if r.Engine == EngineUnknown || (r.Known == 0 && r.Counters.Known&^HasStartTime == 0) {
 			t.Fatalf("accepted without figures: %+v", r)
 		}
 		for _, f := range append([]Figures{r.Figures}, modelsFigures(r)...) {
@@ -61,4 +81,43 @@ func modelsFigures(r Reading) []Figures {
 		out[i] = m.Figures
 	}
 	return out
+}
+
+func checkCounters(t *testing.T, c Counters) {
+	t.Helper()
+	for _, v := range []float64{c.PromptTokens, c.ComputedTokens, c.CacheQueries, c.CacheHits, c.GenerationTokens,
+		c.PrefillSeconds, c.PrefillRequests, c.DecodeSeconds, c.StartTime} {
+		if !finiteNonNeg(v) || v > maxCounter {
+			t.Fatalf("invalid counters %+v", c)
+		}
+	}
+	if c.Known.Has(HasTTFT) != (c.TTFT != nil) {
+		t.Fatalf("ttft %v with known %v", c.TTFT, c.Known)
+	}
+	if h := c.TTFT; h != nil && (len(h.Bounds) == 0 || len(h.Bounds) > MaxBuckets || len(h.Counts) != len(h.Bounds)) {
+		t.Fatalf("histogram %+v", h)
+	}
+}
+
+func checkDelta(t *testing.T, d Delta) {
+	t.Helper()
+	for _, v := range []float64{d.PromptTokens, d.ComputedTokens, d.CacheQueries, d.CacheHits, d.GenerationTokens,
+		d.PrefillSeconds, d.PrefillRequests, d.DecodeSeconds} {
+		if !finiteNonNeg(v) || v > maxRate*max(d.Seconds, 1)+1e6*max(d.Seconds, 1) {
+			t.Fatalf("invalid delta %+v", d)
+		}
+	}
+	if d.Restart && d.Known != 0 {
+		t.Fatalf("restart with deltas %+v", d)
+	}
+	if r, ok := d.HitRatio(); ok && !(r >= 0 && r <= 1) {
+		t.Fatalf("hit ratio %v", r)
+	}
+	if h := d.TTFT; h != nil {
+		for i, n := range h.Counts {
+			if n < 0 || n > h.Count || (i > 0 && n < h.Counts[i-1]) {
+				t.Fatalf("ttft delta %+v", h)
+			}
+		}
+	}
 }

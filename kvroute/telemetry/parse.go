@@ -54,9 +54,11 @@ const (
 	numFigures
 )
 
+// A family is a gauge of one figure, or (counter not cNone) a total of Counters.
 type family struct {
-	engine Engine
-	figure figure
+	engine  Engine
+	figure  figure
+	counter counterKind
 }
 
 // families are the metric families Parse reads; every other line of a page is skipped before
@@ -65,28 +67,28 @@ type family struct {
 var families = func() map[string]family {
 	m := map[string]family{
 		// vLLM (vllm/v1/metrics/loggers.py; gpu_cache_usage_perc before v0.10)
-		"vllm:num_requests_running": {EngineVLLM, figRunning},
-		"vllm:num_requests_waiting": {EngineVLLM, figWaiting},
-		"vllm:kv_cache_usage_perc":  {EngineVLLM, figUsage},
-		"vllm:gpu_cache_usage_perc": {EngineVLLM, figUsageOld},
-		"vllm:cache_config_info":    {EngineVLLM, figCapacityInfo},
+		"vllm:num_requests_running": {engine: EngineVLLM, figure: figRunning},
+		"vllm:num_requests_waiting": {engine: EngineVLLM, figure: figWaiting},
+		"vllm:kv_cache_usage_perc":  {engine: EngineVLLM, figure: figUsage},
+		"vllm:gpu_cache_usage_perc": {engine: EngineVLLM, figure: figUsageOld},
+		"vllm:cache_config_info":    {engine: EngineVLLM, figure: figCapacityInfo},
 		// llama.cpp server (tools/server/README.md; kv_cache_usage_ratio was removed in 2025,
 		// and its KV size is n_ctx of /props, see ParseProps)
-		"llamacpp:requests_processing":  {EngineLlamaCpp, figRunning},
-		"llamacpp:requests_deferred":    {EngineLlamaCpp, figWaiting},
-		"llamacpp:kv_cache_usage_ratio": {EngineLlamaCpp, figUsage},
+		"llamacpp:requests_processing":  {engine: EngineLlamaCpp, figure: figRunning},
+		"llamacpp:requests_deferred":    {engine: EngineLlamaCpp, figure: figWaiting},
+		"llamacpp:kv_cache_usage_ratio": {engine: EngineLlamaCpp, figure: figUsage},
 		// TGI (docs/source/reference/metrics.md)
-		"tgi_batch_current_size": {EngineTGI, figRunning},
-		"tgi_queue_size":         {EngineTGI, figWaiting},
+		"tgi_batch_current_size": {engine: EngineTGI, figure: figRunning},
+		"tgi_queue_size":         {engine: EngineTGI, figure: figWaiting},
 	}
 	for _, prefix := range []string{"sglang:", "sglang_"} {
-		m[prefix+"num_running_reqs"] = family{EngineSGLang, figRunning}
-		m[prefix+"num_queue_reqs"] = family{EngineSGLang, figWaiting}
-		m[prefix+"token_usage"] = family{EngineSGLang, figUsage}
-		m[prefix+"max_total_num_tokens"] = family{EngineSGLang, figCapacity}
-		m[prefix+"cache_config_info"] = family{EngineSGLang, figCapacityInfo}
-		m[prefix+"page_size"] = family{EngineSGLang, figPageSize}
-		m[prefix+"num_pages"] = family{EngineSGLang, figNumPages}
+		m[prefix+"num_running_reqs"] = family{engine: EngineSGLang, figure: figRunning}
+		m[prefix+"num_queue_reqs"] = family{engine: EngineSGLang, figure: figWaiting}
+		m[prefix+"token_usage"] = family{engine: EngineSGLang, figure: figUsage}
+		m[prefix+"max_total_num_tokens"] = family{engine: EngineSGLang, figure: figCapacity}
+		m[prefix+"cache_config_info"] = family{engine: EngineSGLang, figure: figCapacityInfo}
+		m[prefix+"page_size"] = family{engine: EngineSGLang, figure: figPageSize}
+		m[prefix+"num_pages"] = family{engine: EngineSGLang, figure: figNumPages}
 	}
 	return m
 }()
@@ -97,8 +99,29 @@ var familyLen = func() (l [64]bool) {
 	for name := range families {
 		l[len(name)] = true
 	}
+	for name, f := range counterFamilies {
+		l[len(name)] = true
+		if isHistogram(f.counter) {
+			for _, suf := range histogramSuffixes {
+				l[len(name)+len(suf)] = true
+			}
+		}
+	}
 	return l
 }()
+
+// known reports whether a line about name belongs to an understood family: a gauge, a total,
+// or a sample of a known histogram.
+func known(name []byte) bool {
+	if _, ok := families[string(name)]; ok {
+		return true
+	}
+	if _, ok := counterFamilies[string(name)]; ok {
+		return true
+	}
+	_, ok := histogramPart(string(name))
+	return ok
+}
 
 // engines in the order that breaks a tie when a page carries several engines' families.
 var engines = [...]Engine{EngineVLLM, EngineSGLang, EngineLlamaCpp, EngineTGI}
@@ -155,7 +178,7 @@ func (p *parser) parse(page []byte) (Reading, error) {
 	}
 	r := interpret(fams)
 	r.Ignored += ignored
-	if r.Known == 0 {
+	if r.Known == 0 && r.Counters.Known&^HasStartTime == 0 {
 		if r.Engine == EngineUnknown {
 			return r, ErrNoEngine
 		}
@@ -183,7 +206,7 @@ func (p *parser) keep(page []byte) (dropped int) {
 		if len(name) == 0 || len(name) >= len(familyLen) || !familyLen[len(name)] {
 			continue
 		}
-		if _, ok := families[string(name)]; !ok {
+		if !known(name) {
 			continue
 		}
 		if sample {
@@ -248,7 +271,11 @@ type slot struct {
 func interpret(fams map[string]*dto.MetricFamily) Reading {
 	var count [len(engines)]int
 	for name := range fams {
-		if f, ok := families[name]; ok {
+		f, ok := families[name]
+		if !ok {
+			f, ok = counterFamilies[name]
+		}
+		if ok && f.engine != EngineUnknown {
 			count[slices.Index(engines[:], f.engine)]++
 		}
 	}
@@ -263,6 +290,9 @@ func interpret(fams map[string]*dto.MetricFamily) Reading {
 		return r
 	}
 	r.Engine = engines[best]
+	var ignored int
+	r.Counters, ignored = interpretCounters(fams, r.Engine)
+	r.Ignored += ignored
 
 	values := map[slot]float64{}
 	for name, mf := range fams {

@@ -87,6 +87,9 @@ type Reading struct {
 	// Models holds the figures per model label, sorted by model, at most MaxModels of them
 	// (the totals above count every model).
 	Models []ModelFigures `json:"models,omitempty"`
+	// Counters are the engine's cumulative totals (tokens, prefix-cache hits, prefill time,
+	// TTFT, its start time): Diff of two readings gives the interval's.
+	Counters Counters `json:"counters"`
 	// Ignored counts the samples of understood families that were dropped as invalid: NaN or
 	// infinite, negative, a usage above 1, a capacity of 0 or an implausibly large count.
 	Ignored int `json:"ignored"`

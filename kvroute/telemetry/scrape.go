@@ -155,6 +155,13 @@ type Snapshot struct {
 	// FromPeer: Reading came from another replica that read the engine (Adopt), not from an
 	// attempt of this Scraper.
 	FromPeer bool `json:"from_peer,omitempty"`
+	// Delta is what the engine's totals say of the time since this Scraper's previous reading
+	// of it (Diff); nil unless this attempt brought a reading and there was a previous one.
+	Delta *Delta `json:"delta,omitempty"`
+	// Restarts counts the restarts Diff saw; Anomalies the deltas it found something wrong
+	// with (a wobble, a total gone, another model, an absurd rate, changed buckets).
+	Restarts  uint64 `json:"restarts"`
+	Anomalies uint64 `json:"anomalies"`
 }
 
 // Age is the age of the latest reading at now, or -1 when there has been none.
@@ -258,6 +265,7 @@ type target struct {
 	parser   parser
 	nCtx     int64 // llama.cpp's n_ctx from /props, 0 when unknown
 	nCtxRead time.Time
+	last     *Reading // the previous reading of this Scraper's own, for Diff
 }
 
 // NewScraper returns a Scraper with no targets.
@@ -386,6 +394,7 @@ func (s *Scraper) Adopt(key string, r Reading) (prev, cur *Snapshot, ok bool) {
 			*next = *prev
 		}
 		next.Reading, next.Outcome, next.Failures, next.FromPeer = r, OutcomeOK, 0, true
+		next.Delta = nil // a peer's reading has no totals: the interval is the owner's
 		if tg.snap.CompareAndSwap(prev, next) {
 			return prev, next, true
 		}
@@ -466,11 +475,23 @@ func (s *Scraper) scrape(ctx context.Context, tg *target) *Snapshot {
 		next.LastError, next.LastErrorAt = prev.LastError, prev.LastErrorAt
 		next.Counts, next.Ignored = prev.Counts, prev.Ignored
 		next.FromPeer = prev.FromPeer
+		next.Restarts, next.Anomalies = prev.Restarts, prev.Anomalies
 	}
 	next.Counts[outcome]++
 	next.Ignored += uint64(reading.Ignored)
 	if outcome == OutcomeOK {
 		next.Reading, next.Failures, next.FromPeer = reading, 0, false
+		if tg.last != nil {
+			d := Diff(tg.last, &reading)
+			next.Delta = &d
+			if d.Restart {
+				next.Restarts++
+			}
+			if d.Anomalies != 0 {
+				next.Anomalies++
+			}
+		}
+		tg.last = &next.Reading
 	} else {
 		next.Failures++
 		next.LastError, next.LastErrorAt = err.Error(), now

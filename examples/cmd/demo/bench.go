@@ -27,9 +27,10 @@ func (b *bench) runOnce(ctx context.Context, p policy) (*replay.Result, error) {
 		return nil, err
 	}
 	var (
-		url  string
-		stop func() error
-		g    *group
+		url   string
+		stop  func() error
+		g     *group
+		admin int // a single replica's admin port
 	)
 	if p.Replicas > 0 {
 		var err error
@@ -38,11 +39,12 @@ func (b *bench) runOnce(ctx context.Context, p policy) (*replay.Result, error) {
 		}
 		url, stop = g.front.URL, g.Stop
 	} else {
-		caddy, err := b.startCaddy(ctx, p)
+		caddy, port, err := b.startCaddyPorts(ctx, p, nil)
 		if err != nil {
 			return nil, err
 		}
 		url, stop = caddy.URL, caddy.Stop
+		admin = port
 	}
 	opts := b.cfg.replayOptions(url, b.fleet.CapacityBlocks(), b.fleet.BlockTokens())
 	opts.Prompt = b.fleet.Prompt()
@@ -93,6 +95,16 @@ func (b *bench) runOnce(ctx context.Context, p policy) (*replay.Result, error) {
 			fmt.Printf("\n  %s\n  ", f)
 		} else {
 			fmt.Fprintln(os.Stderr, "warning: reading the cluster's counters:", ferr)
+		}
+	}
+	if err == nil && admin > 0 && p.Module == "kv_cache_aware" && b.cfg.telemetry {
+		if l, lerr := learnedReport(admin); lerr == nil {
+			if b.cfg.fleet == "llmd" {
+				l += fmt.Sprintf("\n  llm-d's own count on this workload: %.2f chars per token", llmdCharsPerToken(b.workload, b.fleet.BlockTokens()))
+			}
+			fmt.Printf("\n  %s\n  ", l)
+		} else {
+			fmt.Fprintln(os.Stderr, "warning: reading what kv_cache_aware learned:", lerr)
 		}
 	}
 	if stopErr := stop(); err == nil && stopErr != nil {

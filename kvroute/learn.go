@@ -1,0 +1,470 @@
+package kvroute
+
+import (
+	"math"
+	"slices"
+	"sync"
+	"sync/atomic"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+
+	"github.com/kvroute/caddy-kvroute/kvroute/telemetry"
+)
+
+// What kvroute learns from the engines' own totals (telemetry.Delta, one per scrape interval):
+// each upstream's prefill and decode speed, each model's chars per token, and restarts.
+const (
+	// DefaultCharsPerToken is the chars of routing text per prompt token before a model's is
+	// learned: English prose under the common BPE tokenizers.
+	DefaultCharsPerToken = 4.0
+	// DefaultPrefillTokensPerSecond is the prefill speed of an upstream with neither a learned
+	// one nor prefill_tokens_per_second in its upstream block: a mid-range GPU on a 7-8B model.
+	DefaultPrefillTokensPerSecond = 5000.0
+
+	// speedWindow is how many interval samples a speed is the median of, and minSpeedSamples
+	// how many it needs before it replaces the prior: one odd interval (a preemption, a
+	// request that straddled two readings) moves a median of nine not at all.
+	speedWindow     = 9
+	minSpeedSamples = 3
+	// A speed sample needs this much work behind it: a few tokens over a few microseconds of
+	// rounding say nothing of the engine.
+	minSampleTokens  = 32
+	minSampleSeconds = 1e-3
+	// Speeds outside these bounds are no engine's (tokens per second).
+	minSpeed, maxSpeed = 1.0, 1e7
+
+	// charsWindow is how many intervals a model's chars per token adds up; minCharsTokens and
+	// minCharsIntervals how much of them it needs. Adding up (rather than a ratio per
+	// interval) lets a request counted by the router in one interval and by the engine in the
+	// next even out.
+	charsWindow       = 32
+	minCharsTokens    = 2000
+	minCharsIntervals = 4
+	// Chars per token outside these bounds are no tokenizer's on routing text.
+	minCharsPerToken, maxCharsPerToken = 1.0, 16.0
+	// limitsChange: a model's chars per token that moved by more than this share from the one
+	// the trees' bounds were computed with recomputes them.
+	limitsChange = 0.02
+	// maxLearnedModels bounds the models a chars per token is learned for.
+	maxLearnedModels = 256
+)
+
+// sentCounts are what this router sent an upstream: requests, their routing-text chars and the
+// chars it predicted the upstream held (the matched prefix), since the upstream appeared.
+type sentCounts struct {
+	requests atomic.Int64
+	chars    atomic.Int64
+	matched  atomic.Int64
+	// model is the model of the requests sent (a *string); mixed: more than one model since
+	// the last interval, when no chars per token is learned from it.
+	model atomic.Pointer[string]
+	mixed atomic.Bool
+}
+
+// sent counts one decision for u (the request path: atomics only).
+func (c *sentCounts) sent(model string, chars, matched int) {
+	c.requests.Add(1)
+	c.chars.Add(int64(chars))
+	c.matched.Add(int64(matched))
+	if m := c.model.Load(); m == nil || *m != model {
+		if m != nil {
+			c.mixed.Store(true)
+		}
+		c.model.Store(&model)
+	}
+}
+
+// upstreamLearn is what an upstream's engine taught: owned by the upstream's scrape goroutine
+// (observe), published through figures for the request path and the admin API.
+type upstreamLearn struct {
+	sent sentCounts
+
+	mu       sync.Mutex
+	prefill  []float64 // the latest speed samples, at most speedWindow
+	decode   []float64
+	lastSent [3]int64 // sent.requests, chars and matched at the previous interval
+	lastRaw  int64    // the engine's load beyond this router's at the previous reading
+
+	figures atomic.Pointer[learnedFigures]
+	// Totals of the engine's deltas, for the metrics (float64 bits).
+	engPrompt, engQueries, engHits, routed, predicted atomicFloat
+	restarts, anomalies                               atomic.Uint64
+}
+
+// learnedFigures are an upstream's learned figures as of its latest interval.
+type learnedFigures struct {
+	Engine  string `json:"engine,omitempty"`
+	Exports string `json:"exports"` // the totals its engine exports (telemetry.CounterFields)
+	// PrefillTokensPerSecond: uncached prompt tokens per second of prefill, per request;
+	// Learned says whether it is the engine's (else the prior: the upstream block's
+	// prefill_tokens_per_second, else the default).
+	PrefillTokensPerSecond float64 `json:"prefill_tokens_per_second"`
+	PrefillLearned         bool    `json:"prefill_learned"`
+	DecodeTokensPerSecond  float64 `json:"decode_tokens_per_second,omitempty"`
+	DecodeLearned          bool    `json:"decode_learned"`
+	// EngineHitRatio is the engine's own prefix-cache hit ratio over the latest interval that
+	// queried its cache; PredictedHitRatio what the router predicted for what it sent there
+	// in that interval (matched chars over routing chars).
+	EngineHitRatio    *float64 `json:"engine_hit_ratio,omitempty"`
+	PredictedHitRatio *float64 `json:"predicted_hit_ratio,omitempty"`
+	Model             string   `json:"model,omitempty"` // of the requests sent, when one
+	Restarts          uint64   `json:"restarts"`
+	Anomalies         uint64   `json:"anomalies"`
+}
+
+type atomicFloat struct{ bits atomic.Uint64 }
+
+func (f *atomicFloat) add(v float64) {
+	for {
+		old := f.bits.Load()
+		if f.bits.CompareAndSwap(old, math.Float64bits(math.Float64frombits(old)+v)) {
+			return
+		}
+	}
+}
+
+func (f *atomicFloat) load() float64 { return math.Float64frombits(f.bits.Load()) }
+
+// modelChars is a model's chars per token: the latest intervals' routing chars and engine
+// prompt tokens, and the figure they make (float64 bits; 0 until learned).
+type modelChars struct {
+	mu     sync.Mutex
+	window []charsInterval
+	value  atomic.Uint64
+	used   atomic.Uint64 // the value the trees' bounds were last computed with
+}
+
+// charsPerToken is the chars of routing text per prompt token for model: learned, else
+// DefaultCharsPerToken.
+func (s *state) charsPerToken(model string) float64 {
+	if v, ok := s.learnedChars.Load(model); ok {
+		if c := math.Float64frombits(v.(*modelChars).value.Load()); c > 0 {
+			return c
+		}
+	}
+	return DefaultCharsPerToken
+}
+
+// upstreamCharsPerToken is the chars per token of the model an upstream was sent (its KV
+// bound, its cached tokens): the default while it was sent none or several.
+func (s *state) upstreamCharsPerToken(addr string) float64 {
+	v, ok := s.upstreams.Load(addr)
+	if !ok {
+		return DefaultCharsPerToken
+	}
+	m := v.(*upstreamState).learn.sent.model.Load()
+	if m == nil {
+		return DefaultCharsPerToken
+	}
+	return s.charsPerToken(*m)
+}
+
+// tokensOf estimates the tokens of chars of routing text for model (at least 1 for any text).
+func (s *state) tokensOf(model string, chars int64) int64 {
+	if chars <= 0 {
+		return 0
+	}
+	return max(1, int64(math.Round(float64(chars)/s.charsPerToken(model))))
+}
+
+// learnFrom takes in one scrape's delta (from the upstream's scrape goroutine, via observe).
+func (s *state) learnFrom(u *upstreamState, cur *telemetry.Snapshot) {
+	l := &u.learn
+	d := cur.Delta
+	prior := s.prefillPrior(cur.Key)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	sent := [3]int64{l.sent.requests.Load(), l.sent.chars.Load(), l.sent.matched.Load()}
+	dSent := [3]int64{sent[0] - l.lastSent[0], sent[1] - l.lastSent[1], sent[2] - l.lastSent[2]}
+	first := l.figures.Load() == nil
+	l.lastSent = sent
+	mixed := l.sent.mixed.Swap(false)
+	raw := int64(0)
+	if e := u.engine.Load(); e != nil {
+		raw = e.raw
+	}
+	external := raw > 0 || l.lastRaw > 0
+	l.lastRaw = raw
+	f := learnedFigures{Engine: string(cur.Reading.Engine), Exports: cur.Reading.Counters.Known.String()}
+	if old := l.figures.Load(); old != nil {
+		f.EngineHitRatio, f.PredictedHitRatio = old.EngineHitRatio, old.PredictedHitRatio
+	}
+	if d != nil && d.Anomalies != 0 {
+		l.anomalies.Add(1)
+	}
+	if d != nil && d.Restart {
+		l.restarts.Add(1)
+		l.prefill, l.decode = nil, nil
+		s.engineRestarted(cur.Key)
+	}
+	if d != nil && !d.Restart && !first {
+		if d.Known.Has(telemetry.HasComputedTokens|telemetry.HasPrefillTime) &&
+			d.ComputedTokens >= minSampleTokens && d.PrefillSeconds >= minSampleSeconds {
+			l.prefill = pushSample(l.prefill, d.ComputedTokens/d.PrefillSeconds)
+		}
+		if d.Known.Has(telemetry.HasGenerationTokens|telemetry.HasDecodeTime) &&
+			d.GenerationTokens >= minSampleTokens && d.DecodeSeconds >= minSampleSeconds {
+			l.decode = pushSample(l.decode, d.GenerationTokens/d.DecodeSeconds)
+		}
+		if d.Known.Has(telemetry.HasPromptTokens) {
+			l.engPrompt.add(d.PromptTokens)
+		}
+		if r, ok := d.HitRatio(); ok {
+			l.engQueries.add(d.CacheQueries)
+			l.engHits.add(d.CacheHits)
+			f.EngineHitRatio = &r
+			if dSent[1] > 0 {
+				p := min(1, float64(dSent[2])/float64(dSent[1]))
+				f.PredictedHitRatio = &p
+			}
+		}
+		if m := l.sent.model.Load(); m != nil && !mixed && !external {
+			s.learnChars(*m, d, dSent)
+		}
+	}
+	l.routed.add(float64(dSent[1]))
+	l.predicted.add(float64(dSent[2]))
+	f.PrefillTokensPerSecond, f.PrefillLearned = prior, false
+	if v, ok := median(l.prefill); ok {
+		f.PrefillTokensPerSecond, f.PrefillLearned = v, true
+	}
+	if v, ok := median(l.decode); ok {
+		f.DecodeTokensPerSecond, f.DecodeLearned = v, true
+	}
+	if m := l.sent.model.Load(); m != nil && !mixed {
+		f.Model = *m
+	}
+	f.Restarts, f.Anomalies = l.restarts.Load(), l.anomalies.Load()
+	l.figures.Store(&f)
+}
+
+// learnChars adds an interval's routing chars and engine prompt tokens to model's chars per
+// token. The caller passes only intervals where this router is likely the engine's only source
+// (no cluster, no external load at either reading, one model sent); intervals in which it sent
+// nothing count too, or the tokens of requests sent just before a reading would be lost and the
+// figure biased up. The figure is published only while the engine, over the window, started no
+// more requests than this router sent it (its TTFT or prefill-time count, where exported).
+func (s *state) learnChars(model string, d *telemetry.Delta, dSent [3]int64) {
+	tokens := 0.0
+	switch {
+	case d.Known.Has(telemetry.HasPromptTokens):
+		tokens = d.PromptTokens
+	case d.Known.Has(telemetry.HasCacheQueries):
+		// vLLM-like engines without a prompt total (llm-d's simulator before a request
+		// finished) look every prompt token up in the prefix cache once.
+		tokens = d.CacheQueries
+	default:
+		return // llama.cpp counts only the tokens it computed
+	}
+	if s.node() != nil || (tokens <= 0 && dSent[1] <= 0) {
+		return
+	}
+	started := -1.0
+	switch {
+	case d.Known.Has(telemetry.HasTTFT):
+		started = d.TTFT.Count
+	case d.Known.Has(telemetry.HasPrefillTime):
+		started = d.PrefillRequests
+	}
+	v, ok := s.learnedChars.Load(model)
+	if !ok {
+		// Model names come from clients: a bounded number of them are learned.
+		if s.nLearnedChars.Load() >= maxLearnedModels {
+			return
+		}
+		var loaded bool
+		if v, loaded = s.learnedChars.LoadOrStore(model, &modelChars{}); !loaded {
+			s.nLearnedChars.Add(1)
+		}
+	}
+	mc := v.(*modelChars)
+	mc.mu.Lock()
+	mc.window = pushInterval(mc.window, charsInterval{chars: float64(dSent[1]), tokens: tokens,
+		sent: float64(dSent[0]), started: started})
+	var sum charsInterval
+	for _, w := range mc.window {
+		sum.chars += w.chars
+		sum.tokens += w.tokens
+		if w.started >= 0 {
+			sum.sent += w.sent
+			sum.started += w.started
+		}
+	}
+	n := len(mc.window)
+	mc.mu.Unlock()
+	if sum.tokens < minCharsTokens || n < minCharsIntervals || sum.chars <= 0 || sum.started > sum.sent*1.25+2 {
+		return
+	}
+	c := min(maxCharsPerToken, max(minCharsPerToken, sum.chars/sum.tokens))
+	mc.value.Store(math.Float64bits(c))
+	if used := math.Float64frombits(mc.used.Load()); used == 0 || math.Abs(c-used) > limitsChange*used {
+		mc.used.Store(math.Float64bits(c))
+		s.mu.Lock()
+		s.forest.SetLimits(s.limitsLocked(s.options.maxTreeSize))
+		s.mu.Unlock()
+	}
+}
+
+// charsInterval is one interval of a model's chars per token: routing chars and requests this
+// router sent, prompt tokens and requests started (-1: not exported) its engine counted.
+type charsInterval struct {
+	chars, tokens, sent, started float64
+}
+
+func pushInterval(w []charsInterval, v charsInterval) []charsInterval {
+	if len(w) >= charsWindow {
+		w = append(w[:0], w[len(w)-charsWindow+1:]...)
+	}
+	return append(w, v)
+}
+
+// engineRestarted drops the upstream's share of every tree: its engine came back with an
+// empty cache. Its session bindings stay: the next turn of each goes there and warms it.
+func (s *state) engineRestarted(addr string) {
+	chars := s.forest.TenantChars(addr)
+	s.forest.RemoveTenant(addr)
+	metricRestarts.WithLabelValues(addr).Inc()
+	s.log().Info("telemetry: the upstream's engine restarted; its share of the prefix trees is dropped",
+		zap.String("upstream", addr), zap.Int64("dropped_chars", chars))
+}
+
+// prefillPrior is the upstream's prefill speed before one is learned: the newest live
+// config's prefill_tokens_per_second for it, else DefaultPrefillTokensPerSecond.
+func (s *state) prefillPrior(addr string) float64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var newest *registration
+	v := 0.0
+	for q := range s.regs {
+		if prof, ok := q.profiles[addr]; ok && prof.PrefillTokensPerSecond > 0 && (newest == nil || q.provisioned.After(newest.provisioned)) {
+			newest, v = q, prof.PrefillTokensPerSecond
+		}
+	}
+	if v > 0 {
+		return v
+	}
+	return DefaultPrefillTokensPerSecond
+}
+
+// learnedStatus is an upstream's learned figures for the admin API; before any interval, the
+// priors.
+func (s *state) learnedStatus(addr string) *learnedFigures {
+	if v, ok := s.upstreams.Load(addr); ok {
+		if f := v.(*upstreamState).learn.figures.Load(); f != nil {
+			return f
+		}
+	}
+	return &learnedFigures{PrefillTokensPerSecond: s.prefillPrior(addr)}
+}
+
+func pushSample(w []float64, v float64) []float64 {
+	if math.IsNaN(v) || v < minSpeed || v > maxSpeed {
+		return w
+	}
+	return pushWindow(w, v, speedWindow)
+}
+
+func pushWindow(w []float64, v float64, n int) []float64 {
+	if len(w) >= n {
+		w = append(w[:0], w[len(w)-n+1:]...)
+	}
+	return append(w, v)
+}
+
+// median of the samples, once there are minSpeedSamples of them.
+func median(w []float64) (float64, bool) {
+	if len(w) < minSpeedSamples {
+		return 0, false
+	}
+	s := slices.Clone(w)
+	slices.Sort(s)
+	if len(s)%2 == 1 {
+		return s[len(s)/2], true
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2, true
+}
+
+var metricRestarts = prometheus.NewCounterVec(prometheus.CounterOpts{
+	Namespace: ns, Subsystem: sub, Name: "engine_restarts_total",
+	Help: "Restarts of the upstream's engine seen in its telemetry (a total that went back, or a new process start time); each drops its share of the prefix trees.",
+}, []string{"upstream"})
+
+// learnCollector exports the learned figures at scrape time.
+type learnCollector struct{}
+
+var (
+	descPrefillSpeed = prometheus.NewDesc(ns+"_"+sub+"_prefill_tokens_per_second",
+		"The upstream's prefill speed, uncached prompt tokens per second per request: learned from its engine's totals, else the prior.", []string{"upstream"}, nil)
+	descDecodeSpeed = prometheus.NewDesc(ns+"_"+sub+"_decode_tokens_per_second",
+		"The upstream's decode speed per request, learned from its engine's totals (absent until learned).", []string{"upstream"}, nil)
+	descCharsPerToken = prometheus.NewDesc(ns+"_"+sub+"_chars_per_token",
+		"Chars of routing text per prompt token, learned per model from the engines' prompt-token totals (absent until learned: 4 is used).", []string{"model"}, nil)
+	descEnginePrompt = prometheus.NewDesc(ns+"_"+sub+"_engine_prompt_tokens_total",
+		"Prompt tokens the upstream's engine counted, added up from its telemetry intervals.", []string{"upstream"}, nil)
+	descEngineQueries = prometheus.NewDesc(ns+"_"+sub+"_engine_cache_queries_total",
+		"Prompt tokens the upstream's engine looked up in its prefix cache, from its telemetry intervals.", []string{"upstream"}, nil)
+	descEngineHits = prometheus.NewDesc(ns+"_"+sub+"_engine_cache_hits_total",
+		"Prompt tokens the upstream's engine found in its prefix cache, from its telemetry intervals: over engine_cache_queries_total, its own hit ratio.", []string{"upstream"}, nil)
+	descRouted = prometheus.NewDesc(ns+"_"+sub+"_routed_chars_total",
+		"Chars of routing text this router sent the upstream.", []string{"upstream"}, nil)
+	descPredicted = prometheus.NewDesc(ns+"_"+sub+"_predicted_cached_chars_total",
+		"Chars of the routing text sent the upstream that the router predicted it held: over routed_chars_total, the predicted hit ratio.", []string{"upstream"}, nil)
+	descAnomalies = prometheus.NewDesc(ns+"_"+sub+"_telemetry_anomalies_total",
+		"Telemetry intervals of the upstream left partly or wholly out (a total that wobbled back, a family gone, another model, an absurd rate, changed buckets).", []string{"upstream"}, nil)
+)
+
+func (*learnCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{descPrefillSpeed, descDecodeSpeed, descCharsPerToken, descEnginePrompt,
+		descEngineQueries, descEngineHits, descRouted, descPredicted, descAnomalies} {
+		ch <- d
+	}
+	metricRestarts.Describe(ch)
+}
+
+func (*learnCollector) Collect(ch chan<- prometheus.Metric) {
+	metricRestarts.Collect(ch)
+	s := currentState()
+	if s == nil {
+		return
+	}
+	s.learnedChars.Range(func(k, v any) bool {
+		if c := math.Float64frombits(v.(*modelChars).value.Load()); c > 0 {
+			ch <- prometheus.MustNewConstMetric(descCharsPerToken, prometheus.GaugeValue, c, k.(string))
+		}
+		return true
+	})
+	for _, addr := range s.upstreamAddrs() {
+		v, ok := s.upstreams.Load(addr)
+		if !ok {
+			continue
+		}
+		l := &v.(*upstreamState).learn
+		f := s.learnedStatus(addr)
+		ch <- prometheus.MustNewConstMetric(descPrefillSpeed, prometheus.GaugeValue, f.PrefillTokensPerSecond, addr)
+		if f.DecodeLearned {
+			ch <- prometheus.MustNewConstMetric(descDecodeSpeed, prometheus.GaugeValue, f.DecodeTokensPerSecond, addr)
+		}
+		ch <- prometheus.MustNewConstMetric(descRouted, prometheus.CounterValue, float64(l.sent.chars.Load()), addr)
+		ch <- prometheus.MustNewConstMetric(descPredicted, prometheus.CounterValue, float64(l.sent.matched.Load()), addr)
+		if l.figures.Load() == nil {
+			continue // not read
+		}
+		ch <- prometheus.MustNewConstMetric(descEnginePrompt, prometheus.CounterValue, l.engPrompt.load(), addr)
+		ch <- prometheus.MustNewConstMetric(descEngineQueries, prometheus.CounterValue, l.engQueries.load(), addr)
+		ch <- prometheus.MustNewConstMetric(descEngineHits, prometheus.CounterValue, l.engHits.load(), addr)
+		ch <- prometheus.MustNewConstMetric(descAnomalies, prometheus.CounterValue, float64(l.anomalies.Load()), addr)
+	}
+}
+
+// learnedCharsMap is every learned chars per token, by model.
+func (s *state) learnedCharsMap() map[string]float64 {
+	out := map[string]float64{}
+	s.learnedChars.Range(func(k, v any) bool {
+		if c := math.Float64frombits(v.(*modelChars).value.Load()); c > 0 {
+			out[k.(string)] = c
+		}
+		return true
+	})
+	return out
+}
