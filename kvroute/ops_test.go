@@ -172,6 +172,27 @@ func TestAdminAPI(t *testing.T) {
 	}
 }
 
+// GET /kvroute (no slash) answers the status itself, as curl without -L shows it, not a
+// redirect.
+func TestAdminStatusWithoutSlash(t *testing.T) {
+	f := newFleet(t, 2)
+	startCaddy(t, proxyConfig(f, "", "", ""))
+	client := &http.Client{
+		Timeout:       10 * time.Second,
+		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+	}
+	resp, err := client.Get(adminURL + "/kvroute")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	var st Status
+	if resp.StatusCode != http.StatusOK || json.Unmarshal(body, &st) != nil || !st.Loaded {
+		t.Errorf("GET /kvroute: %d %s, want 200 with the status JSON", resp.StatusCode, body)
+	}
+}
+
 func TestMetricsAfterReloads(t *testing.T) {
 	f := newFleet(t, 2)
 	cfg := proxyConfig(f, "", "", "")
