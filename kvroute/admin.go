@@ -33,7 +33,10 @@ func (Admin) CaddyModule() caddy.ModuleInfo {
 
 // Routes returns the admin routes.
 func (a Admin) Routes() []caddy.AdminRoute {
-	return []caddy.AdminRoute{{Pattern: "/kvroute/", Handler: caddy.AdminHandlerFunc(a.serve)}}
+	// "/kvroute" too: the mux alone would answer it with a redirect body, which is what a user
+	// trying the API with curl (no -L) sees.
+	h := caddy.AdminHandlerFunc(a.serve)
+	return []caddy.AdminRoute{{Pattern: "/kvroute/", Handler: h}, {Pattern: "/kvroute", Handler: h}}
 }
 
 func (a Admin) serve(w http.ResponseWriter, r *http.Request) error {

@@ -203,7 +203,7 @@ func (m *LLMPrompt) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				}
 				m.Models = append(m.Models, args...)
 			default:
-				return d.Errf("unrecognized llm_prompt option %q", d.Val())
+				return d.Err(unknownIn("llm_prompt", d.Val(), []string{"max_body", "model", "models"}).Error())
 			}
 		}
 	}

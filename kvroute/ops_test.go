@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
+	"path/filepath"
 	"runtime"
 	"strconv"
 	"strings"
@@ -169,6 +171,54 @@ func TestAdminAPI(t *testing.T) {
 	}
 	if st := getStatus(t); st.StoredChars != 0 || st.Sessions != 0 || len(st.Models) != 0 {
 		t.Errorf("after reset: %d chars, %d sessions, models %v", st.StoredChars, st.Sessions, st.Models)
+	}
+}
+
+// GET /kvroute (no slash) answers the status itself, as curl without -L shows it, not a
+// redirect.
+func TestAdminStatusWithoutSlash(t *testing.T) {
+	f := newFleet(t, 2)
+	startCaddy(t, proxyConfig(f, "", "", ""))
+	client := &http.Client{
+		Timeout:       10 * time.Second,
+		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+	}
+	resp, err := client.Get(adminURL + "/kvroute")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	var st Status
+	if resp.StatusCode != http.StatusOK || json.Unmarshal(body, &st) != nil || !st.Loaded {
+		t.Errorf("GET /kvroute: %d %s, want 200 with the status JSON", resp.StatusCode, body)
+	}
+}
+
+// An upstream block naming an address in no static pool is likely a typo: one warn line names
+// it (and says dynamic upstreams are fine); an address in the pool logs nothing.
+func TestUpstreamBlockNotInPoolWarns(t *testing.T) {
+	f := newFleet(t, 2)
+	logFile := filepath.Join(t.TempDir(), "caddy.log")
+	cfg := proxyConfig(f, "", fmt.Sprintf("upstream 127.0.0.1:1 {\n\t\t\tmax_concurrency 4\n\t\t}\n\t\tupstream %s {\n\t\t\tmax_concurrency 4\n\t\t}", f[0].addr()), "")
+	cfg = strings.Replace(cfg, "grace_period 1s", "grace_period 1s\n\tlog {\n\t\toutput file "+logFile+"\n\t\tformat json\n\t}", 1)
+	startCaddy(t, cfg)
+	data, err := os.ReadFile(logFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var warns []map[string]any
+	for _, line := range bytes.Split(data, []byte("\n")) {
+		var e map[string]any
+		if json.Unmarshal(line, &e) == nil && strings.Contains(fmt.Sprint(e["msg"]), "upstream block") {
+			if e["level"] != "warn" {
+				t.Errorf("logged at %v, want warn: %s", e["level"], line)
+			}
+			warns = append(warns, e)
+		}
+	}
+	if len(warns) != 1 || warns[0]["upstream"] != "127.0.0.1:1" || !strings.Contains(fmt.Sprint(warns[0]["msg"]), "dynamic upstreams") {
+		t.Errorf("want one warn naming 127.0.0.1:1 and dynamic upstreams, got %v", warns)
 	}
 }
 

@@ -252,16 +252,22 @@ func optionNames() []string {
 // unknownOption is the error for an option the policy does not have, suggesting the nearest
 // known one when it is a likely typo.
 func unknownOption(opt string) error {
+	return unknownIn("kv_cache_aware", opt, optionNames())
+}
+
+// unknownIn is the error for an option a directive does not have: the nearest of names when it
+// is a likely typo, else the list of them.
+func unknownIn(directive, opt string, names []string) error {
 	best, dist := "", math.MaxInt
-	for _, n := range optionNames() {
+	for _, n := range names {
 		if d := editDistance(opt, n); d < dist {
 			best, dist = n, d
 		}
 	}
 	if dist <= max(2, len(opt)/4) {
-		return fmt.Errorf("unrecognized kv_cache_aware option %q; did you mean %q?", opt, best)
+		return fmt.Errorf("unrecognized %s option %q; did you mean %q?", directive, opt, best)
 	}
-	return fmt.Errorf("unrecognized kv_cache_aware option %q (options: %s)", opt, strings.Join(optionNames(), ", "))
+	return fmt.Errorf("unrecognized %s option %q (options: %s)", directive, opt, strings.Join(names, ", "))
 }
 
 // editDistance is the Levenshtein distance of a and b, in bytes (option names are ASCII).

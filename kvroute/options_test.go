@@ -11,6 +11,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
 )
 
 // Each option is checked once (options.go), from the Caddyfile (with file:line) and from JSON
@@ -63,6 +64,27 @@ func TestOptionDidYouMean(t *testing.T) {
 	}
 	d = caddyfile.NewTestDispenser("kv_cache_aware {\nfrobnicate 1\n}")
 	if err := new(KVCacheAware).UnmarshalCaddyfile(d); err == nil || !strings.Contains(err.Error(), "options: cache_threshold") {
+		t.Errorf("got %v", err)
+	}
+}
+
+// A mistyped option of the matcher gets the nearest option suggested too, with file:line,
+// through the adapter a user's Caddyfile goes through.
+func TestMatcherOptionDidYouMean(t *testing.T) {
+	const cfg = `:8080 {
+	@llm llm_prompt {
+		modle llama-3
+	}
+	reverse_proxy @llm 127.0.0.1:9001
+}
+`
+	ad := caddyfile.Adapter{ServerType: httpcaddyfile.ServerType{}}
+	_, _, err := ad.Adapt([]byte(cfg), map[string]any{"filename": "Caddyfile"})
+	if err == nil || !strings.Contains(err.Error(), `did you mean "model"?`) || !strings.Contains(err.Error(), "Caddyfile:3") {
+		t.Errorf("got %v", err)
+	}
+	_, _, err = ad.Adapt([]byte(strings.Replace(cfg, "modle", "frobnicate", 1)), map[string]any{"filename": "Caddyfile"})
+	if err == nil || !strings.Contains(err.Error(), "options: max_body, model") {
 		t.Errorf("got %v", err)
 	}
 }

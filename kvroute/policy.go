@@ -115,7 +115,9 @@ func (p *KVCacheAware) Provision(ctx caddy.Context) error {
 		}
 		for addr := range p.Upstreams {
 			if !inPool[addr] {
-				p.logger.Info("upstream block names an address not in the static pool; kept for dynamic upstreams",
+				// Warn: most often a typo, whose profile would then never apply. It is kept (and
+				// said to be fine) for addresses that dynamic upstreams will name.
+				p.logger.Warn("upstream block names an address in no static pool: a typo? (fine if dynamic upstreams name it)",
 					zap.String("upstream", addr))
 			}
 		}

@@ -51,6 +51,7 @@ type upstreamState struct {
 
 	engine      atomic.Pointer[engineView] // the latest telemetry reading's load (telemetry.go)
 	telemetryUp atomic.Bool                // its telemetry answers (for the appear/go-away log lines)
+	noMetrics   atomic.Bool                // its engine answered /metrics with 404 and was warned about, once
 	peerReadAt  atomic.Int64               // unix nanos (local clock) of a peer's latest good reading of it; 0: none (telemetry.go)
 	health      healthState                // health.go
 	learn       upstreamLearn              // what its engine's totals taught (learn.go)

@@ -470,6 +470,13 @@ func (s *state) observe(interval time.Duration, _, cur *telemetry.Snapshot) {
 		logger := s.log()
 		logger.Debug("telemetry: scrape failed", zap.String("upstream", cur.Key),
 			zap.Stringer("outcome", cur.Outcome), zap.String("error", cur.LastError))
+		// Warn, once per upstream for the process: engines that serve /metrics only when asked
+		// (SGLang, llama.cpp) otherwise leave the trees unbounded by KV with only a debug line
+		// to show for it.
+		if cur.Outcome == telemetry.OutcomeNotFound && !cur.FromPeer && !u.noMetrics.Swap(true) {
+			logger.Warn("telemetry: the upstream's engine serves no metrics (404), so its share of the trees has no KV bound and its load counts only this router's requests: start SGLang with --enable-metrics, llama.cpp's server with --metrics, or give the upstream block metrics_url or kv_capacity",
+				zap.String("upstream", cur.Key), zap.String("url", cur.URL))
+		}
 		// A single slow page is not the telemetry going away; three failed reads in a row are.
 		if cur.Failures == 3 && u.telemetryUp.Swap(false) {
 			logger.Info("telemetry: lost the upstream's engine figures",

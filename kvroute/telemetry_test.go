@@ -108,6 +108,8 @@ func (e *engine) serve(w http.ResponseWriter, r *http.Request) {
 	switch mode {
 	case "404":
 		http.NotFound(w, r)
+	case "501": // llama.cpp's server without --metrics
+		http.Error(w, `{"error":{"code":501,"message":"This server does not support metrics endpoint. Start it with `+"`--metrics`"+`","type":"not_supported_error"}}`, http.StatusNotImplemented)
 	case "slow":
 		select { // far beyond the scrape timeout, and beyond what any request may take
 		case <-r.Context().Done():
@@ -638,6 +640,40 @@ localhost:%d {
 	}
 	if us := upstreamStatus(t, engines[0].addr()); us.Telemetry != nil || us.KVCapacityTokens != 0 {
 		t.Errorf("telemetry off: the status still shows telemetry %+v, capacity %d", us.Telemetry, us.KVCapacityTokens)
+	}
+}
+
+// An engine that serves no /metrics (a 404: SGLang without --enable-metrics, llama.cpp's server
+// without --metrics) leaves the upstream without a KV bound: one warning says so, naming the
+// flags, however many reads follow; the admin API shows the outcome and no bound.
+func TestTelemetryNoMetricsWarnsOnce(t *testing.T) {
+	for _, mode := range []string{"404", "501"} {
+		t.Run(mode, func(t *testing.T) { testNoMetricsWarnsOnce(t, mode) })
+	}
+}
+
+func testNoMetricsWarnsOnce(t *testing.T, mode string) {
+	e := newEngine(t, "u1", 10)
+	e.set(0, 0, mode)
+	p := newPolicy(t, &KVCacheAware{Telemetry: &Telemetry{Interval: caddy.Duration(100 * time.Millisecond), Timeout: caddy.Duration(100 * time.Millisecond)}})
+	core, logs := observer.New(zap.WarnLevel)
+	setStateLogger(p, zap.New(core))
+	pick(t, p, newPool(e.addr()), "m", "hello") // the first decision starts the readers
+	noMetrics := func() int {
+		return logs.FilterMessageSnippet("--enable-metrics").FilterMessageSnippet("--metrics").Len()
+	}
+	waitFor(t, func() bool { return noMetrics() == 1 }, "the warning naming the engines' flags")
+	n := e.scrapes.Load() + 3
+	waitUntil(t, 20*time.Second, func() bool { return e.scrapes.Load() >= n }, "three more reads")
+	if got := logs.Len(); got != 1 {
+		t.Errorf("%d warnings, want one: %v", got, logs.All())
+	}
+	if f := logs.All()[0].ContextMap(); f["upstream"] != e.addr() {
+		t.Errorf("the warning names %v, want %s", f["upstream"], e.addr())
+	}
+	us := p.state.status().Upstreams[e.addr()]
+	if us.Telemetry == nil || us.Telemetry.Outcome != "not_found" || us.KVCapacityTokens != 0 || us.TreeBoundChars != 0 {
+		t.Errorf("the status shows %+v, telemetry %+v", us, us.Telemetry)
 	}
 }
 

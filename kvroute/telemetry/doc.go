@@ -44,8 +44,8 @@
 // backoff after failures, and publishes each target's latest Snapshot behind an atomic pointer,
 // so that a request's decision reads it without a lock and never waits on a scrape. Each
 // attempt has an Outcome: only OutcomeRefused (no connection could be made) says the upstream
-// is down; a 404 is OutcomeNotFound (no telemetry) and a timeout OutcomeStale (the last reading
-// ages). Probe is the cheap connection attempt for upstreams with no metrics endpoint. The
+// is down; a 404 (or llama.cpp's 501 without --metrics) is OutcomeNotFound (no telemetry)
+// and a timeout OutcomeStale (the last reading ages). Probe is the cheap connection attempt for upstreams with no metrics endpoint. The
 // package registers no Prometheus metrics: Snapshot.Counts and the figures are there for the
 // caller to export.
 package telemetry

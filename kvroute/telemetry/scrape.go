@@ -50,14 +50,14 @@ const (
 	// OutcomeRefused: no connection could be made (refused, unreachable, the dial timed out).
 	// A caller counts it as a health failure of the upstream.
 	OutcomeRefused
-	// OutcomeNotFound: the endpoint answered 404 or 410: the upstream has no telemetry.
+	// OutcomeNotFound: the endpoint answered 404, 410 or 501: the upstream has no telemetry.
 	OutcomeNotFound
 	// OutcomeStale: the endpoint accepted the connection but did not answer within Timeout.
 	// The last reading stays, and ages.
 	OutcomeStale
 	// OutcomeBroken: the connection failed after it was made (reset, closed early).
 	OutcomeBroken
-	// OutcomeStatus: the endpoint answered with a status other than 200, 404 and 410.
+	// OutcomeStatus: the endpoint answered with a status other than 200, 404, 410 and 501.
 	OutcomeStatus
 	// OutcomeTooLarge: the page was larger than MaxBytes.
 	OutcomeTooLarge
@@ -591,7 +591,9 @@ func (s *Scraper) get(ctx context.Context, url string, buf *[]byte, limit int64)
 	defer resp.Body.Close()
 	answered = time.Now()
 	switch {
-	case resp.StatusCode == http.StatusNotFound || resp.StatusCode == http.StatusGone:
+	// 501 is llama.cpp's server started without --metrics ("This server does not support
+	// metrics endpoint"): no telemetry, as a 404 is.
+	case resp.StatusCode == http.StatusNotFound || resp.StatusCode == http.StatusGone || resp.StatusCode == http.StatusNotImplemented:
 		return nil, answered, OutcomeNotFound, fmt.Errorf("GET %s: %s: no telemetry", url, resp.Status)
 	case resp.StatusCode != http.StatusOK:
 		return nil, answered, OutcomeStatus, fmt.Errorf("GET %s: %s", url, resp.Status)

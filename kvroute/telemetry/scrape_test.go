@@ -116,6 +116,12 @@ func TestScraperBadEndpoints(t *testing.T) {
 		outcome Outcome
 	}{
 		{name: "404", bad: func(w http.ResponseWriter, r *http.Request) { http.NotFound(w, r) }, outcome: OutcomeNotFound},
+		// llama.cpp's server without --metrics: its "endpoint disabled" answer.
+		{name: "501", bad: func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusNotImplemented)
+			_, _ = w.Write([]byte(`{"error":{"code":501,"message":"This server does not support metrics endpoint. Start it with ` + "`--metrics`" + `","type":"not_supported_error"}}`))
+		}, outcome: OutcomeNotFound},
 		{name: "500", bad: func(w http.ResponseWriter, r *http.Request) { http.Error(w, "boom", 500) }, outcome: OutcomeStatus},
 		{name: "slow", bad: func(w http.ResponseWriter, r *http.Request) {
 			select {
