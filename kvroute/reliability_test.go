@@ -107,6 +107,7 @@ type probe struct {
 	srv  *httptest.Server
 
 	hits     atomic.Int64 // requests (health checks aside)
+	late     atomic.Int64 // of them, those the test marked X-Test-Late (sent after a point it chose)
 	active   atomic.Int64 // being handled now
 	complete atomic.Int64 // bodies received whole
 	broken   atomic.Int64 // bodies that failed while being read
@@ -184,6 +185,9 @@ func (p *probe) serve(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	p.hits.Add(1)
+	if r.Header.Get("X-Test-Late") != "" {
+		p.late.Add(1)
+	}
 	p.active.Add(1)
 	defer p.active.Add(-1)
 	h := sha256.New()
@@ -995,8 +999,12 @@ func TestFaultUpstreamRemovedAndReadded(t *testing.T) {
 		t.Fatalf("setup: %s holds nothing: %+v", gone.name, st)
 	}
 
-	var stop atomic.Bool
-	var served, failed atomic.Int64
+	// Requests sent once the smaller config is in force are marked late: the old config may
+	// still route the requests it was reading when the reload came (Caddy stops its servers
+	// within the grace period, after POST /load returned), but no late request may reach the
+	// removed upstream.
+	var stop, late atomic.Bool
+	var served, failed, lateServed atomic.Int64
 	var wg sync.WaitGroup
 	for w := 0; w < 4; w++ {
 		wg.Add(1)
@@ -1011,6 +1019,10 @@ func TestFaultUpstreamRemovedAndReadded(t *testing.T) {
 				if i%2 == 0 {
 					hdr = append(hdr, "X-Session-ID", fmt.Sprint("s", i%12))
 				}
+				marked := late.Load()
+				if marked {
+					hdr = append(hdr, "X-Test-Late", "1")
+				}
 				rep, code, err := post(t, c, "/v1/chat/completions", bytes.NewReader(body), hdr...)
 				sum := sha256.Sum256(body)
 				if err != nil || code != http.StatusOK || rep.SHA256 != hex.EncodeToString(sum[:]) {
@@ -1019,24 +1031,27 @@ func TestFaultUpstreamRemovedAndReadded(t *testing.T) {
 					continue
 				}
 				served.Add(1)
+				if marked {
+					lateServed.Add(1)
+				}
 			}
 		}(w)
 	}
 	less := relConfig(ps[:2].addrs(), "", "", faultExtra)
 	time.Sleep(200 * time.Millisecond)
 	load(t, less)
-	// Requests routed to it before the reload may still be on their way, however long a
-	// loaded machine makes that: wait until none is (nor any being handled), not for a time.
-	// GET /kvroute/ then shows no prefixes or sessions for it.
-	waitUntil(t, 10*time.Second, func() bool {
+	late.Store(true)
+	// GET /kvroute/ shows no prefixes or sessions for it, and 40 late requests are served
+	// (the four clients would have sent it some, were it routed to).
+	waitUntil(t, 20*time.Second, func() bool {
 		st := getStatus(t).Upstreams[gone.addr()]
-		return currentState().upstream(gone.addr()).inFlight.Load() == 0 && gone.active.Load() == 0 && st.TreeChars == 0 && st.Sessions == 0
-	}, "the requests routed to "+gone.name+" before the reload to end, and GET /kvroute/ to show no prefixes or sessions for it")
-	hitsOut := gone.hits.Load()
-	time.Sleep(300 * time.Millisecond) // in which the four clients would reach it, were it routed to
-	if gone.hits.Load() != hitsOut {
-		t.Errorf("the removed upstream still receives requests")
+		return st.TreeChars == 0 && st.Sessions == 0 && lateServed.Load() >= 40
+	}, "GET /kvroute/ to show no prefixes or sessions for "+gone.name+", and 40 requests sent after the reload to be served")
+	if n := gone.late.Load(); n != 0 {
+		t.Errorf("the removed upstream received %d requests sent after the reload", n)
 	}
+	waitUntil(t, 20*time.Second, func() bool { return gone.active.Load() == 0 }, "the old config's requests on "+gone.name+" to end")
+	hitsOut := gone.hits.Load()
 	load(t, full)
 	deadline := time.Now().Add(10 * time.Second)
 	for gone.hits.Load() == hitsOut && time.Now().Before(deadline) {
