@@ -210,7 +210,7 @@ func TestUpstreamBlockNotInPoolWarns(t *testing.T) {
 	var warns []map[string]any
 	for _, line := range bytes.Split(data, []byte("\n")) {
 		var e map[string]any
-		if json.Unmarshal(line, &e) == nil && strings.Contains(fmt.Sprint(e["msg"]), "upstream block") {
+		if json.Unmarshal(line, &e) == nil && strings.HasPrefix(fmt.Sprint(e["msg"]), "upstream block names") {
 			if e["level"] != "warn" {
 				t.Errorf("logged at %v, want warn: %s", e["level"], line)
 			}
