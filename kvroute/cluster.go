@@ -208,11 +208,36 @@ func (s *state) ownLoads() map[string]int64 {
 	return m
 }
 
+// PrefillTokens is the node's PrefillSource: this replica's queued prefill tokens per upstream
+// (prefill.go), its requests past their predicted first token expired first.
+func (h clusterHandler) PrefillTokens() map[string]int64 {
+	m := make(map[string]int64)
+	now := time.Now().UnixNano()
+	h.s.upstreams.Range(func(k, v any) bool {
+		u := v.(*upstreamState)
+		u.expirePrefill(now)
+		if n := u.prefillTokens.Load(); n > 0 {
+			m[k.(string)] = n
+		}
+		return true
+	})
+	return m
+}
+
 // peersInFlight is the in-flight count on upstream addr that live peers last published: load's
 // peers term, also what telemetry's external term subtracts at reading time.
 func (s *state) peersInFlight(addr string) int64 {
 	if n := s.node(); n != nil {
 		return n.PeerLoad(addr)
+	}
+	return 0
+}
+
+// peersPrefill is the queued prefill tokens on upstream addr that live peers last published
+// (decision cost's queue: prefill.go).
+func (s *state) peersPrefill(addr string) int64 {
+	if n := s.node(); n != nil {
+		return n.PeerPrefill(addr)
 	}
 	return 0
 }
@@ -331,4 +356,5 @@ func describeCluster(c *cluster.Config) string {
 var (
 	_ cluster.Handler        = clusterHandler{}
 	_ cluster.ReadingHandler = clusterHandler{}
+	_ cluster.PrefillSource  = clusterHandler{}
 )

@@ -40,6 +40,8 @@ type llmRequest struct {
 	pick atomic.Pointer[upstreamState]
 	// tokens is the prompt's estimated tokens, set when it is first placed.
 	tokens atomic.Int64
+	// prefill is its share of its pick's queued prefill (prefill.go).
+	prefill prefillShare
 
 	// attempt is the latest attempt, for its outcome (health.go).
 	attempt atomic.Pointer[attempt]
@@ -155,14 +157,17 @@ func (lr *llmRequest) promptTokens() int64 {
 }
 
 // track counts the request as in flight on u until the request ends; a retry moves it from the
-// previous pick.
-func (lr *llmRequest) track(r *http.Request, u *upstreamState, estimate int64) {
+// previous pick. uncached is the prompt's tokens the decision predicted u must prefill, ttft
+// (nanoseconds) how long it predicted that takes: the request counts in u's queued prefill
+// until its first token (prefillDone) or, without llm_feedback, until ttft has passed.
+func (lr *llmRequest) track(r *http.Request, u *upstreamState, estimate, uncached, ttft int64) {
 	if lr.pick.Load() == nil && lr.tokens.Load() == 0 {
 		lr.tokens.Store(estimate)
 	}
 	tokens := lr.promptTokens()
 	u.inFlight.Add(1)
 	u.queuedTokens.Add(tokens)
+	lr.startPrefill(u, uncached, ttft)
 	if old := lr.pick.Swap(u); old != nil {
 		old.inFlight.Add(-1)
 		old.queuedTokens.Add(-tokens)
@@ -177,9 +182,17 @@ func (lr *llmRequest) track(r *http.Request, u *upstreamState, estimate int64) {
 
 // untrack stops counting the request as in flight.
 func (lr *llmRequest) untrack() {
+	lr.endPrefill(false)
 	if u := lr.pick.Swap(nil); u != nil {
 		u.inFlight.Add(-1)
 		u.queuedTokens.Add(-lr.promptTokens())
 		loadChanged()
 	}
+}
+
+// prefillDone tells that the request's current attempt produced its first token (llm_feedback
+// calls it at the first content delta): its uncached tokens leave its pick's queued prefill.
+// Calling it again, or after the request ended, does nothing.
+func (lr *llmRequest) prefillDone() {
+	lr.endPrefill(true)
 }

@@ -46,8 +46,14 @@ type upstreamState struct {
 	addr         string
 	inFlight     atomic.Int64 // requests this router sent and that have not finished
 	queuedTokens atomic.Int64 // their estimated prompt tokens
-	decisions    [numPaths]atomic.Uint64
-	lastUsed     atomic.Int64 // unix nanoseconds of the last decision
+	// prefillTokens: the uncached tokens of those that have not produced a first token
+	// (prefill.go); prefillQ orders them for the deadline estimate; feedback: llm_feedback
+	// reports first tokens for this upstream.
+	prefillTokens atomic.Int64
+	prefillQ      prefillQueue
+	feedback      atomic.Bool
+	decisions     [numPaths]atomic.Uint64
+	lastUsed      atomic.Int64 // unix nanoseconds of the last decision
 
 	engine      atomic.Pointer[engineView] // the latest telemetry reading's load (telemetry.go)
 	telemetryUp atomic.Bool                // its telemetry answers (for the appear/go-away log lines)
@@ -200,6 +206,8 @@ type state struct {
 	// eviction loop may run while a test sets them.
 	closeNodeHook atomic.Pointer[func(*cluster.Node)]
 	shrinkHook    atomic.Pointer[func()]
+
+	recent decisionRing // the latest decisions' predicted costs (explain.go)
 
 	lastEviction atomic.Pointer[evictionRecord]
 	evictedChars atomic.Int64

@@ -203,6 +203,7 @@ type engineView struct {
 	until    int64 // unix nanoseconds after which the reading no longer counts
 	external int64 // counted in the load: the smaller of this reading's raw and the previous one's
 	raw      int64 // this reading's running + waiting − own
+	waiting  int64 // the engine's waiting requests, all senders' (decision cost's queue)
 }
 
 // externalLoad returns the upstream's external load at now (unix nanoseconds): 0 without a
@@ -445,7 +446,11 @@ func (s *state) observe(interval time.Duration, _, cur *telemetry.Snapshot) {
 				ext = min(raw, prev.raw)
 			}
 			life := time.Duration(readingLifetime) * interval
-			u.engine.Store(&engineView{at: r.At, until: r.At.Add(life).UnixNano(), external: ext, raw: raw})
+			waiting := int64(0)
+			if r.Known.Has(telemetry.HasWaiting) {
+				waiting = max(0, r.Waiting)
+			}
+			u.engine.Store(&engineView{at: r.At, until: r.At.Add(life).UnixNano(), external: ext, raw: raw, waiting: waiting})
 		}
 		if r.Known.Has(telemetry.HasKVCapacity) {
 			s.setEngineCapacity(cur.Key, r.KVCapacityTokens)

@@ -93,6 +93,8 @@ type Node struct {
 	// fragBytes is what all peers' partial fragmented records hold together.
 	fragBytes int
 	peerLoad  atomic.Pointer[map[string]int64]
+	// peerPrefill: the live peers' queued prefill tokens per upstream (prefill.go).
+	peerPrefill atomic.Pointer[map[string]int64]
 
 	own ownLog
 	// tombs: sessions an admin forgot, and the last reset, so that a late binding made before

@@ -41,6 +41,8 @@ type peer struct {
 	records   uint64
 	loads     map[string]int64
 	loadsAt   time.Time
+	prefill   map[string]int64 // queued prefill tokens (prefill.go)
+	prefillAt time.Time
 	// synced: this node holds the peer's history up to maxSeq, so a catch-up request asks only
 	// for what follows. True once the peer answered a catch-up request of this node, or sent
 	// its first one (it had just started, so all it publishes later arrives live) without
@@ -465,6 +467,13 @@ func (n *Node) apply(p *peer, kind byte, h header, r *record, now time.Time, sp 
 		}
 		p.loads, p.loadsAt = loads, now
 		n.rebuildLoads(now)
+	case recPrefill:
+		tokens := make(map[string]int64, len(r.loads))
+		for _, l := range r.loads {
+			tokens[l.upstream] = l.n
+		}
+		p.prefill, p.prefillAt = tokens, now
+		n.rebuildLoads(now)
 	case recSyncReq:
 		switch {
 		case r.lost:
@@ -592,17 +601,25 @@ func (n *Node) decodeText(r *record) (string, bool) {
 	return string(out), true
 }
 
-// rebuildLoads publishes the sum of live peers' counts for PeerLoad. Called under rmu.
+// rebuildLoads publishes the sum of live peers' counts for PeerLoad, and of their queued
+// prefill for PeerPrefill. Called under rmu.
 func (n *Node) rebuildLoads(now time.Time) {
 	sum := make(map[string]int64)
+	prefill := make(map[string]int64)
 	for _, p := range n.peers {
 		if p.loads != nil && now.Sub(p.loadsAt) <= n.cfg.LoadTTL {
 			for u, c := range p.loads {
 				sum[u] += c
 			}
 		}
+		if p.prefill != nil && now.Sub(p.prefillAt) <= n.cfg.LoadTTL {
+			for u, c := range p.prefill {
+				prefill[u] += c
+			}
+		}
 	}
 	n.peerLoad.Store(&sum)
+	n.peerPrefill.Store(&prefill)
 }
 
 // lostConnection remembers, for every peer, what this node had heard when its connection

@@ -147,6 +147,7 @@ func (n *Node) flusher() {
 		zbuf     []byte
 		tbuf     []byte
 		lastLoad map[string]int64
+		lastPref map[string]int64
 		loadAt   time.Time
 		loadDue  bool
 		syncDue  bool
@@ -157,7 +158,17 @@ func (n *Node) flusher() {
 			batch.Reset(n.cfg.FlushDelay)
 		}
 	}
+	prefillSrc, _ := n.h.(PrefillSource)
 	addLoad := func(force bool) {
+		if prefillSrc != nil {
+			var rec []byte
+			if rec, lastPref = prefillRecord(prefillSrc.PrefillTokens(), lastPref, force); rec != nil {
+				// A message of its own (prefill.go), not logged for catch-up: it ages in seconds.
+				rp := n.newPacker(kindData, n.prefix+"data")
+				rp.add(rec)
+				rp.flush()
+			}
+		}
 		var cur map[string]int64
 		if n.loads != nil {
 			cur = n.loads()
