@@ -27,6 +27,10 @@ import (
 //		max_sessions           100000
 //		expected_tokens        256
 //		fallback               joule        # joule | carbon | least_busy | round_robin | random
+//		decision               thresholds   # thresholds | cost (docs/decision.md)
+//		objective              latency      # latency | energy | carbon (decision cost)
+//		ttft_slack             0.25         # decision cost: a session stays within this share of the best TTFT
+//		explain_header         X-Kvroute-Decision   # off unless given
 //		telemetry {                         # on by default; `telemetry off` disables it
 //			path     /metrics               # on each upstream's own host:port
 //			interval 1s
@@ -152,6 +156,16 @@ func (p *KVCacheAware) unmarshalOption(d *caddyfile.Dispenser, opt string) error
 		p.ExpectedTokens, err = kvcf.IntArg(d)
 	case "fallback":
 		p.Fallback, err = kvcf.StringArg(d)
+	case "decision":
+		p.Decision, err = kvcf.StringArg(d)
+	case "objective":
+		p.Objective, err = kvcf.StringArg(d)
+	case "ttft_slack":
+		var v float64
+		v, err = kvcf.FloatArg(d)
+		p.TTFTSlack = &v
+	case "explain_header":
+		p.ExplainHeader, err = kvcf.StringArg(d)
 	case "telemetry":
 		err = p.unmarshalTelemetry(d)
 	case "cluster":

@@ -29,6 +29,9 @@ const (
 	DefaultMaxSessions         = 100000
 	DefaultExpectedTokens      = 256
 	DefaultFallback            = "joule"
+	DefaultDecision            = decisionThresholds
+	DefaultObjective           = objectiveLatency
+	DefaultTTFTSlack           = 0.25
 	// DefaultMaxBody is how many body bytes are read for routing when neither the matcher nor
 	// the policy says otherwise. Larger bodies route on their first DefaultMaxBody bytes and
 	// still reach the upstream whole.
@@ -39,6 +42,7 @@ const (
 // trees, so ticking faster than this only burns CPU; a session shorter than this cannot span
 // two turns of a conversation; a cookie secret shorter than this can be guessed.
 const (
+	maxTTFTSlack        = 100 // a slack of 100× the best TTFT no longer bounds anything
 	minEvictionInterval = time.Second
 	minSessionTTL       = time.Second
 	minSecretBytes      = 16
@@ -58,6 +62,10 @@ type settings struct {
 	maxSessions      int
 	expectedTokens   int
 	fallback         string
+	decision         string
+	objective        string
+	ttftSlack        float64
+	explainHeader    string
 	cookie           *SessionCookie // nil: no cookie sessions; Name defaulted
 	cookieSecretSet  bool           // a secret was given, even if it resolved to nothing
 	resolved         bool           // placeholders in the secret were replaced (Provision)
@@ -82,6 +90,10 @@ func (p *KVCacheAware) settings(resolve bool) settings {
 		maxSessions:      or(p.MaxSessions, DefaultMaxSessions),
 		expectedTokens:   or(p.ExpectedTokens, DefaultExpectedTokens),
 		fallback:         or(p.Fallback, DefaultFallback),
+		decision:         or(p.Decision, DefaultDecision),
+		objective:        or(p.Objective, DefaultObjective),
+		ttftSlack:        valueOr(p.TTFTSlack, DefaultTTFTSlack),
+		explainHeader:    p.ExplainHeader,
 		telemetry:        p.Telemetry.settings(),
 	}
 	if c := p.SessionCookie; c != nil {
@@ -197,6 +209,31 @@ var optionChecks = []struct {
 	{"fallback", func(s *settings) error {
 		_, err := energy.ParseStrategy(s.fallback)
 		return err
+	}},
+	{"decision", func(s *settings) error {
+		if s.decision != decisionCost && s.decision != decisionThresholds {
+			return fmt.Errorf("must be cost or thresholds, got %q", s.decision)
+		}
+		return nil
+	}},
+	{"objective", func(s *settings) error {
+		switch s.objective {
+		case objectiveLatency, objectiveEnergy, objectiveCarbon:
+			return nil
+		}
+		return fmt.Errorf("must be latency, energy or carbon, got %q", s.objective)
+	}},
+	{"ttft_slack", func(s *settings) error {
+		if !(s.ttftSlack >= 0 && s.ttftSlack <= maxTTFTSlack) { // false for NaN too
+			return fmt.Errorf("must be a fraction between 0 and %v (0.25: within 25%% of the best predicted TTFT), got %v", float64(maxTTFTSlack), s.ttftSlack)
+		}
+		return nil
+	}},
+	{"explain_header", func(s *settings) error {
+		if s.explainHeader != "" && !httpguts.ValidHeaderFieldName(s.explainHeader) {
+			return fmt.Errorf("%q is not a valid HTTP header name", s.explainHeader)
+		}
+		return nil
 	}},
 	{"telemetry", func(s *settings) error { return checkTelemetry(s.telemetry) }},
 	{"cluster", func(s *settings) error { return checkCluster(s.cluster, s.clusterSecretSet) }},

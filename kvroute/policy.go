@@ -57,6 +57,20 @@ type KVCacheAware struct {
 	ExpectedTokens int `json:"expected_tokens,omitempty"`
 	// Placement of cold requests: joule, carbon, least_busy, round_robin or random. Default: joule.
 	Fallback string `json:"fallback,omitempty"`
+	// How steps 3 to 5 of the decision choose: cost (the lowest predicted time to first token,
+	// docs/decision.md) or thresholds (the balance band, cache_threshold and fallback, as
+	// SGLang's cache-aware router). Default: thresholds.
+	Decision string `json:"decision,omitempty"`
+	// decision cost: latency (the lowest predicted TTFT), energy or carbon (the fewest
+	// predicted joules or grams among the candidates within ttft_slack of the best). Default:
+	// latency.
+	Objective string `json:"objective,omitempty"`
+	// decision cost: a session stays on its upstream, and energy or carbon may choose, while
+	// the predicted TTFT there is within this fraction of the best (0 to 100). Default: 0.25.
+	TTFTSlack *float64 `json:"ttft_slack,omitempty"`
+	// Response header that explains the decision (its path, the chosen upstream's predicted
+	// match and cost); off unless set.
+	ExplainHeader string `json:"explain_header,omitempty"`
 	// Reading of the upstreams' metrics endpoints (KV capacity, engine load, health); on by
 	// default. Process-wide.
 	Telemetry *Telemetry `json:"telemetry,omitempty"`

@@ -20,8 +20,9 @@ type candidate struct {
 	up    *reverseproxy.Upstream
 	st    *upstreamState
 	prof  *energy.Profile
-	load  int64 // requests in flight, as this router counts them
-	match int   // leading runes of the routing text it holds
+	load  int64      // requests in flight, as this router counts them
+	match int        // leading runes of the routing text it holds
+	cost  prediction // decision cost only (cost.go)
 }
 
 // Select picks the upstream for r. The decision, in order (docs/design.md):
@@ -42,6 +43,10 @@ type candidate struct {
 //  5. Fallback: the configured placement (joule by default).
 //  6. Record: the routing text goes into the model's tree under the chosen upstream, the
 //     session is bound, the decision counted, and the session cookie set when configured.
+//
+// With decision cost (cost.go, docs/decision.md), every candidate gets a predicted time to
+// first token after step 1; step 2 keeps a session while its upstream's is within ttft_slack
+// of the best (instead of the band), and steps 3 to 5 are one ranking by it (byCost).
 //
 // Load is defined in load.go. Steps 1 to 5 read the loads, and the choice counts in them
 // before the next decision reads them: decisions of this router run one at a time from
@@ -85,10 +90,20 @@ func (p *KVCacheAware) Select(pool reverseproxy.UpstreamPool, r *http.Request, w
 	}
 	held.assign(cands)
 	band := p.bandOf(cands)
+	cost := p.opts.decision == decisionCost
+	if cost {
+		p.predict(cands, costInputs{prompt: estimate, charsPerToken: p.state.charsPerToken(req.Model), now: time.Now().UnixNano()})
+		band.ttft = ttftBound(bestTTFT(cands), p.opts.ttftSlack)
+	}
 
 	// 2. Session.
 	sess := p.session(r, req, pool, cands, band)
 	chosen, path := sess.chosen, pathSession
+
+	// 3 to 5, decision cost: the ranking by predicted TTFT.
+	if chosen < 0 && cost {
+		chosen, path = p.byCost(cands, req, band.ttft)
+	}
 
 	// 3. Imbalance.
 	if chosen < 0 {
@@ -106,9 +121,17 @@ func (p *KVCacheAware) Select(pool reverseproxy.UpstreamPool, r *http.Request, w
 	}
 
 	// 6. Record: the choice counts in the loads before the next decision reads them.
-	req.track(r, cands[chosen].st, estimate)
+	c := &cands[chosen]
+	if !cost {
+		p.predictOne(cands[chosen:chosen+1], req, estimate)
+	}
+	req.track(r, c.st, estimate, c.cost.uncached, int64(c.cost.ttft*1e9))
+	if cost {
+		p.state.recent.record(req.Model, cands, chosen, path)
+	}
 	unlock()
-	return p.commit(r, w, req, &cands[chosen], treeName, sess, path)
+	p.explain(w, req, c, path)
+	return p.commit(r, w, req, c, treeName, sess, path)
 }
 
 // testHookDecide, when set (tests only), is called by every decision after the tree match and
@@ -235,6 +258,9 @@ type band struct {
 	abs      int64
 	rel      float64
 	overflow bool // the loads are imbalanced: max-min beyond both thresholds
+	// ttft: with decision cost, the predicted TTFT up to which a session stays (the band's
+	// loads are then not used); 0 with decision thresholds.
+	ttft float64
 }
 
 func (p *KVCacheAware) bandOf(cands []candidate) band {
@@ -249,6 +275,15 @@ func (p *KVCacheAware) bandOf(cands []candidate) band {
 // holds reports whether load is within the band.
 func (b band) holds(load int64) bool {
 	return load-b.lo <= b.abs || float64(load) <= float64(b.lo)*b.rel
+}
+
+// keeps reports whether a session bound to c stays there: c's load is within the band, or
+// with decision cost its predicted TTFT within ttft_slack of the best.
+func (b band) keeps(c *candidate) bool {
+	if b.ttft > 0 {
+		return c.cost.ttft <= b.ttft
+	}
+	return b.holds(c.load)
 }
 
 // sessionStep is what the session step found.
@@ -296,10 +331,11 @@ func (p *KVCacheAware) session(r *http.Request, req *llmRequest, pool reversepro
 		// An earlier attempt of this request went there and failed (Caddy retries only a failed
 		// attempt: no response, or one lb_retry_match rejects): the session moves to where this
 		// attempt goes (its latest turn will be cached there), and on with each retry.
-	case i >= 0 && b.holds(cands[i].load):
+	case i >= 0 && b.keeps(&cands[i]):
 		s.chosen = i
 	case i >= 0 || p.keepsBinding(pool, addr, req.Model):
-		// Skipped for this request only: out of band, saturated, or another site's upstream.
+		// Skipped for this request only: out of band (beyond the TTFT bound), saturated, or
+		// another site's upstream.
 		if s.source == fromCookie && store == p.state.pending {
 			// The client presented its cookie back: the binding it earned leaves pending as it
 			// is, not rebound to where this one request goes.

@@ -23,6 +23,9 @@ type Status struct {
 	// CharsPerToken holds the chars of routing text per prompt token learned per model (a
 	// model absent here is estimated at DefaultCharsPerToken).
 	CharsPerToken map[string]float64 `json:"chars_per_token"`
+	// RecentDecisions are the latest decisions of decision cost, newest first, with every
+	// candidate's prediction (admin only: the explain header shows the chosen one's).
+	RecentDecisions []DecisionStatus `json:"recent_decisions,omitempty"`
 }
 
 // ModelStatus is one model's tree.
@@ -33,13 +36,16 @@ type ModelStatus struct {
 
 // UpstreamStatus is what the router knows of one upstream.
 type UpstreamStatus struct {
-	TreeChars    int64             `json:"tree_chars"` // over all models
-	Sessions     int               `json:"sessions"`
-	InFlight     int64             `json:"in_flight"`
-	QueuedTokens int64             `json:"queued_tokens"`
-	Decisions    map[string]uint64 `json:"decisions"`
-	LastDecision *time.Time        `json:"last_decision,omitempty"`
-	Profile      *energy.Profile   `json:"profile,omitempty"` // from the newest config's upstream block
+	TreeChars    int64 `json:"tree_chars"` // over all models
+	Sessions     int   `json:"sessions"`
+	InFlight     int64 `json:"in_flight"`
+	QueuedTokens int64 `json:"queued_tokens"`
+	// PrefillTokens: the uncached tokens of those that have not produced a first token (or,
+	// without llm_feedback, whose predicted first token has not come yet).
+	PrefillTokens int64             `json:"prefill_tokens"`
+	Decisions     map[string]uint64 `json:"decisions"`
+	LastDecision  *time.Time        `json:"last_decision,omitempty"`
+	Profile       *energy.Profile   `json:"profile,omitempty"` // from the newest config's upstream block
 	// Load is the load the decision sees (load.go): in flight as this process counts them (also
 	// another reverse_proxy's requests), the peers' and the engine's external load.
 	Load int64 `json:"load"`
@@ -69,6 +75,7 @@ func (s *state) status() Status {
 	st.EvictedChars = s.evictedChars.Load()
 	st.LastEviction = s.lastEviction.Load()
 	st.CharsPerToken = s.learnedCharsMap()
+	st.RecentDecisions = s.recent.snapshot()
 	addrs := s.upstreamAddrs()
 	for _, name := range s.forest.Names() {
 		t := s.forest.Get(name)
@@ -106,6 +113,7 @@ func (s *state) status() Status {
 			u := v.(*upstreamState)
 			us.InFlight = u.inFlight.Load()
 			us.QueuedTokens = u.queuedTokens.Load()
+			us.PrefillTokens = u.prefillTokens.Load()
 			us.Load = s.load(u, now.UnixNano())
 			us.Health = u.healthStatus()
 			for i, n := range pathNames {

@@ -1,0 +1,274 @@
+package kvroute
+
+import (
+	"math"
+	"time"
+
+	"github.com/kvroute/caddy-kvroute/energy"
+)
+
+// decision cost (docs/decision.md): every candidate gets a predicted time to first token, and
+// the choice is made on those. The signals are small functions over one candidate (match,
+// queue, speed, energy), combined in predict; the session and the objective read the result.
+//
+//	ttft = (queued + uncached) / speed
+//
+// queued: the prefill work ahead of the request there, in tokens: the uncached tokens of the
+// requests this replica and its peers sent that have not produced a first token (prefill.go),
+// or, when larger, the engine's own waiting queue (telemetry) at the mean uncached prompt
+// sent there. uncached: the request's prompt tokens minus those the candidate holds. speed:
+// the candidate's prefill speed, learned from its engine (learn.go), else the upstream
+// block's prefill_tokens_per_second, else DefaultPrefillTokensPerSecond. A term that delays a
+// first token on one candidate and not another (loading a LoRA adapter) adds to the sum.
+
+// Decision rules (the decision option).
+const (
+	decisionCost       = "cost"
+	decisionThresholds = "thresholds"
+)
+
+// Objectives of decision cost.
+const (
+	objectiveLatency = "latency"
+	objectiveEnergy  = "energy"
+	objectiveCarbon  = "carbon"
+)
+
+// minSlackSeconds is the least difference in predicted TTFT that moves a session: below one
+// engine step (tens of milliseconds), predictions differ by noise, and a session that moved
+// on noise would leave its cache for nothing.
+const minSlackSeconds = 0.02
+
+// prediction is one candidate's predicted cost.
+type prediction struct {
+	uncached int64   // prompt tokens it would prefill
+	queued   int64   // prefill tokens ahead of the request there
+	speed    float64 // prefill tokens per second
+	ttft     float64 // seconds
+}
+
+// costInputs are what predict needs of the request, computed once per decision.
+type costInputs struct {
+	prompt        int64   // the prompt's tokens
+	charsPerToken float64 // the model's
+	now           int64   // unix nanoseconds
+}
+
+// predict fills every candidate's prediction.
+func (p *KVCacheAware) predict(cands []candidate, in costInputs) {
+	for i := range cands {
+		c := &cands[i]
+		c.cost.uncached = uncachedTokens(c, in)
+		c.cost.queued = p.queuedTokens(c, in.now)
+		c.cost.speed = p.prefillSpeed(c)
+		c.cost.ttft = float64(c.cost.queued+c.cost.uncached) / c.cost.speed
+	}
+}
+
+// uncachedTokens is the match signal: the prompt's tokens the candidate does not hold.
+func uncachedTokens(c *candidate, in costInputs) int64 {
+	held := int64(math.Round(float64(c.match) / in.charsPerToken))
+	return max(0, in.prompt-held)
+}
+
+// queuedTokens is the queue signal: the prefill tokens ahead of a request sent to c now. Each
+// request counts once: the engine's waiting queue holds this router's and its peers'
+// requests too, so the larger of the two figures counts, not their sum.
+func (p *KVCacheAware) queuedTokens(c *candidate, now int64) int64 {
+	c.st.expirePrefill(now)
+	routed := max(0, c.st.prefillTokens.Load()) + p.state.peersPrefill(c.up.Dial)
+	return max(routed, c.st.waitingTokens(now))
+}
+
+// waitingTokens is the engine's reported waiting queue in tokens: its count at the mean
+// uncached prompt this router sent the upstream (0 without a fresh reading).
+func (u *upstreamState) waitingTokens(now int64) int64 {
+	e := u.engine.Load()
+	if e == nil || now > e.until || e.waiting <= 0 {
+		return 0
+	}
+	return int64(float64(e.waiting) * u.meanUncachedTokens())
+}
+
+// meanUncachedTokens is the mean uncached prompt, in tokens, of what this router sent u (at
+// the default chars per token: the figure weighs a count of requests, roughly is enough).
+func (u *upstreamState) meanUncachedTokens() float64 {
+	n := u.learn.sent.requests.Load()
+	if n <= 0 {
+		return 0
+	}
+	chars := u.learn.sent.chars.Load() - u.learn.sent.matched.Load()
+	return max(0, float64(chars)/float64(n)/DefaultCharsPerToken)
+}
+
+// prefillSpeed is the speed signal: the candidate's prefill tokens per second, learned from
+// its engine, else its upstream block's prior, else the default.
+func (p *KVCacheAware) prefillSpeed(c *candidate) float64 {
+	if f := c.st.learn.figures.Load(); f != nil && f.PrefillLearned && f.PrefillTokensPerSecond > 0 {
+		return f.PrefillTokensPerSecond
+	}
+	if c.prof != nil && c.prof.PrefillTokensPerSecond > 0 {
+		return c.prof.PrefillTokensPerSecond
+	}
+	return DefaultPrefillTokensPerSecond
+}
+
+// bestTTFT is the lowest predicted TTFT among the candidates.
+func bestTTFT(cands []candidate) float64 {
+	best := math.Inf(1)
+	for i := range cands {
+		best = min(best, cands[i].cost.ttft)
+	}
+	return best
+}
+
+// ttftBound is the predicted TTFT up to which a session stays on its upstream and the energy
+// objective may choose: within ttft_slack of the best.
+func ttftBound(best, slack float64) float64 {
+	return best + max(best*slack, minSlackSeconds)
+}
+
+// byCost runs decision cost's choice. The candidate holding the longest prefix keeps the
+// request while its predicted TTFT is within ttft_slack of the best ("sticky until
+// saturated": a re-prefill elsewhere also spends cache there, which later requests pay for);
+// past it, the lowest predicted TTFT. With objective energy or carbon, the fewest predicted
+// joules (grams) among the candidates within ttft_slack of the best. Ties go to the less
+// busy, then the one holding less, then at random. The path says why: prefix_hit when the
+// choice holds the longest match, imbalance when a candidate held more and its queue made it
+// too slow, fallback when none held any.
+func (p *KVCacheAware) byCost(cands []candidate, req *llmRequest, bound float64) (int, int) {
+	warm := longest(cands, func(*candidate) bool { return true })
+	chosen := -1
+	switch p.opts.objective {
+	case objectiveEnergy, objectiveCarbon:
+		var t energy.Ranking
+		j := p.joulesOf(cands, req)
+		for i := range cands {
+			if c := &cands[i]; c.cost.ttft <= bound {
+				t.Offer(i, j.of(c), c.cost.ttft, busyness(c))
+			}
+		}
+		chosen = t.Best()
+	default:
+		if warm >= 0 && cands[warm].cost.ttft <= bound {
+			return warm, pathPrefixHit
+		}
+	}
+	if chosen < 0 {
+		var t energy.Ranking
+		for i := range cands {
+			c := &cands[i]
+			t.Offer(i, c.cost.ttft, busyness(c), p.cachedTokens(c))
+		}
+		chosen = max(0, t.Best()) // -1 only for NaN everywhere: any candidate is as good
+	}
+	switch {
+	case warm < 0:
+		return chosen, pathFallback
+	case cands[chosen].match == cands[warm].match:
+		return chosen, pathPrefixHit
+	default:
+		return chosen, pathImbalance
+	}
+}
+
+// cachedTokens is what the candidate holds of all prompts, in tokens: among cold candidates
+// tied on TTFT and busyness, the one holding least has the most room.
+func (p *KVCacheAware) cachedTokens(c *candidate) float64 {
+	return float64(p.state.forest.TenantChars(c.up.Dial)) / DefaultCharsPerToken
+}
+
+// joules is the energy signal: per candidate, the predicted joules (or grams of CO2e) of the
+// request there.
+type joules struct {
+	expected               float64 // output tokens
+	ePrefill, eDecode, eCI float64 // the means of the annotated candidates, for those without
+	carbon                 bool
+}
+
+// joulesOf prepares the energy signal over the candidates. An upstream without an annotation
+// counts as the mean of those that have one; with none, every candidate costs the same.
+func (p *KVCacheAware) joulesOf(cands []candidate, req *llmRequest) joules {
+	j := joules{expected: float64(p.opts.expectedTokens), carbon: p.opts.objective == objectiveCarbon}
+	if req.MaxTokens > 0 {
+		j.expected = float64(req.MaxTokens)
+	}
+	var sp, sd, sc float64
+	var np, nd, nc int
+	for i := range cands {
+		pr := cands[i].prof
+		if pr == nil {
+			continue
+		}
+		if v := float64(prefillEnergy(pr)); v > 0 {
+			sp, np = sp+v, np+1
+		}
+		if v := float64(pr.EnergyPerToken); v > 0 {
+			sd, nd = sd+v, nd+1
+		}
+		if pr.CarbonIntensity > 0 {
+			sc, nc = sc+pr.CarbonIntensity, nc+1
+		}
+	}
+	j.ePrefill, j.eDecode, j.eCI = meanOr(sp, np, 0), meanOr(sd, nd, 0), meanOr(sc, nc, 1)
+	return j
+}
+
+func (j joules) of(c *candidate) float64 {
+	ep, ed, ci := j.ePrefill, j.eDecode, j.eCI
+	if pr := c.prof; pr != nil {
+		if v := float64(prefillEnergy(pr)); v > 0 {
+			ep = v
+		}
+		if v := float64(pr.EnergyPerToken); v > 0 {
+			ed = v
+		}
+		if pr.CarbonIntensity > 0 {
+			ci = pr.CarbonIntensity
+		}
+	}
+	e := float64(c.cost.uncached)*ep + j.expected*ed
+	if j.carbon {
+		return e * ci / 3.6e6 // J × gCO2e/kWh → g
+	}
+	return e
+}
+
+// prefillEnergy is an upstream's joules per prefilled token: prefill_energy_per_token, else
+// energy_per_token (energy.Profile's rule).
+func prefillEnergy(pr *energy.Profile) energy.Joules {
+	if pr.PrefillEnergyPerToken > 0 {
+		return pr.PrefillEnergyPerToken
+	}
+	return pr.EnergyPerToken
+}
+
+func meanOr(sum float64, n int, def float64) float64 {
+	if n == 0 {
+		return def
+	}
+	return sum / float64(n)
+}
+
+// DecodePoolCost is a candidate's cost in a disaggregated decode pool (issue 25: the decode
+// leg after a remote prefill), in seconds: the KV the candidate must receive (the prompt's
+// tokens it does not hold, at transferTokensPerSecond) plus the decode work already running
+// there (decodeTokens in flight, at decodeTokensPerSecond). It runs no prefill, so prefill
+// speed and queue do not enter. A speed that is not positive counts its term as free.
+func DecodePoolCost(promptTokens, heldTokens int64, transferTokensPerSecond float64, decodeTokens int64, decodeTokensPerSecond float64) float64 {
+	cost := 0.0
+	if transferTokensPerSecond > 0 {
+		cost += float64(max(0, promptTokens-heldTokens)) / transferTokensPerSecond
+	}
+	if decodeTokensPerSecond > 0 {
+		cost += float64(max(0, decodeTokens)) / decodeTokensPerSecond
+	}
+	return cost
+}
+
+// predictOne fills the prediction of the one candidate in c under decision thresholds, which
+// ranks by other means: the request still counts in the queued prefill (for the cluster, the
+// admin API and the explain header), at the cost predicted for it.
+func (p *KVCacheAware) predictOne(c []candidate, req *llmRequest, prompt int64) {
+	p.predict(c, costInputs{prompt: prompt, charsPerToken: p.state.charsPerToken(req.Model), now: time.Now().UnixNano()})
+}

@@ -1,0 +1,323 @@
+package kvroute
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
+
+	"github.com/kvroute/caddy-kvroute/energy"
+)
+
+// decisionUnderTest is the rule the decision cost tests run: decision cost. (Set to
+// decisionThresholds, they show what today's rule does on the same workloads.)
+var decisionUnderTest = decisionCost
+
+// costPolicy provisions a policy with decision cost, the given upstream blocks and, when
+// feedback, llm_feedback's first-token reports assumed for every upstream of pool: requests
+// then count in the queued prefill until they end, whatever time the test takes.
+func costPolicy(t *testing.T, pool reverseproxy.UpstreamPool, ups map[string]energy.Profile, feedback bool, opts ...func(*KVCacheAware)) *KVCacheAware {
+	t.Helper()
+	p := &KVCacheAware{Decision: decisionUnderTest, Upstreams: ups}
+	for _, o := range opts {
+		o(p)
+	}
+	p = newPolicy(t, p)
+	for _, u := range pool {
+		p.state.upstream(u.Dial).feedback.Store(feedback)
+	}
+	return p
+}
+
+// hold runs Select for a request that stays in flight until the test ends, and returns the
+// chosen dial address.
+func hold(t *testing.T, p *KVCacheAware, pool reverseproxy.UpstreamPool, prompt string, headers ...string) string {
+	t.Helper()
+	r, cancel := chatRequest("m", prompt, headers...)
+	t.Cleanup(cancel)
+	up := p.Select(pool, r, nil)
+	if up == nil {
+		t.Fatal("no upstream")
+	}
+	return up.Dial
+}
+
+// bigCold is a cold prompt of about tokens tokens (4 chars each) that shares no prefix with
+// another i.
+func bigCold(i, tokens int) string {
+	s := coldPrompt(i) + " "
+	return s + strings.Repeat("lorem ipsum ", (tokens*4-len(s))/12+1)
+}
+
+// A slow engine gets proportionally less: two of four upstreams prefill 4× slower (their
+// prior), and 40 cold requests in flight split about 1:4 between a slow and a fast one.
+func TestCostSlowEngineGetsLess(t *testing.T) {
+	pool := newPool("slow1:1", "slow2:1", "fast1:1", "fast2:1")
+	ups := map[string]energy.Profile{
+		"slow1:1": {PrefillTokensPerSecond: 1000}, "slow2:1": {PrefillTokensPerSecond: 1000},
+		"fast1:1": {PrefillTokensPerSecond: 4000}, "fast2:1": {PrefillTokensPerSecond: 4000},
+	}
+	p := costPolicy(t, pool, ups, true)
+	got := map[string]int{}
+	for i := range 40 {
+		got[hold(t, p, pool, bigCold(i, 1000))]++
+	}
+	slow := got["slow1:1"] + got["slow2:1"]
+	if slow < 6 || slow > 10 || got["fast1:1"] < 14 || got["fast2:1"] < 14 {
+		t.Errorf("40 cold requests, two upstreams 4× slower: %v; want about 4 on each slow one and 16 on each fast one", got)
+	}
+}
+
+// A warm upstream keeps its requests until its queue costs more than a re-prefill elsewhere
+// (by ttft_slack): with a 2,000-token prefix cached on a and 100 new tokens per request, a
+// takes 26 requests in flight (its predicted TTFT, 100 × 26 tokens, then passes 1.25 × the
+// 2,100 tokens b would prefill), not the 5 the balance band allows.
+func TestCostWarmUpstreamKeepsRequestsUntilItsQueueCostsMore(t *testing.T) {
+	pool := newPool("a:1", "b:1")
+	p := costPolicy(t, pool, nil, true)
+	prefix := strings.Repeat("You are a careful assistant. ", 276) // 8,004 chars: about 2,000 tokens
+	if got := pick(t, p, newPool("a:1"), "m", prefix+"warm up"); got != "a:1" {
+		t.Fatalf("warming a: went to %s", got)
+	}
+	first := -1
+	for i := range 35 {
+		suffix := fmt.Sprintf("%03d %s", i, strings.Repeat("question ", 44)) // about 100 tokens
+		if got := hold(t, p, pool, prefix+suffix); got != "a:1" && first < 0 {
+			first = i
+			queued := p.state.upstream("a:1").prefillTokens.Load()
+			t.Logf("request %d left a, whose queued prefill was %d tokens", i, queued)
+		}
+	}
+	if first < 25 || first > 27 {
+		t.Errorf("the first request to leave the warm upstream was number %d; want about 26 (its queue then costs 1.25 × a re-prefill of 2,100 tokens)", first)
+	}
+}
+
+// A session leaves its upstream while that upstream's queue makes it slower than ttft_slack
+// beyond the best, keeps its binding, and comes back once the queue is gone. Three long
+// prefills there are within the balance band (3 requests), not within the TTFT bound.
+func TestCostSessionLeavesSaturatedUpstreamAndComesBack(t *testing.T) {
+	pool := newPool("a:1", "b:1")
+	p := costPolicy(t, pool, nil, true)
+	conv := "session turn: " + strings.Repeat("tell me about the sea ", 20)
+	home := pick(t, p, pool, "m", conv, "X-Session-ID", "s1")
+	other := otherThan(pool, home)
+	// Three 10,000-token prefills queue on home.
+	var ends []context.CancelFunc
+	for i := range 3 {
+		r, cancel := chatRequest("m", bigCold(100+i, 10000))
+		ends = append(ends, cancel)
+		t.Cleanup(cancel)
+		if up := p.Select(newPool(home), r, nil); up == nil || up.Dial != home {
+			t.Fatalf("saturating %s: went to %v", home, up)
+		}
+	}
+	if got := pick(t, p, pool, "m", conv+" and the next turn", "X-Session-ID", "s1"); got != other {
+		t.Errorf("with 30,000 tokens queued on its upstream %s, the session went to %s; want %s", home, got, other)
+	}
+	if addr, ok := p.state.sessions.get("m", "s1", time.Now()); !ok || addr != home {
+		t.Errorf("the session's binding is %q (%v), want %s kept", addr, ok, home)
+	}
+	for _, end := range ends {
+		end()
+	}
+	waitFor(t, func() bool { return p.state.upstream(home).prefillTokens.Load() == 0 }, "the queue on the session's upstream gone")
+	if got := pick(t, p, pool, "m", conv+" and the next turn", "X-Session-ID", "s1"); got != home {
+		t.Errorf("with its queue gone, the session went to %s; want its upstream %s back", got, home)
+	}
+}
+
+// objective energy picks the fewest joules, but only among the candidates whose predicted
+// TTFT is within ttft_slack of the best: the cheap upstream takes more, never all.
+func TestCostEnergyWithinSlack(t *testing.T) {
+	pool := newPool("dear:1", "cheap:1")
+	ups := map[string]energy.Profile{
+		"dear:1":  {EnergyPerToken: 100e-6, PrefillEnergyPerToken: 50e-6},
+		"cheap:1": {EnergyPerToken: 10e-6, PrefillEnergyPerToken: 5e-6},
+	}
+	slack := 0.25
+	p := costPolicy(t, pool, ups, true, func(p *KVCacheAware) { p.Objective = objectiveEnergy; p.TTFTSlack = &slack })
+	got := map[string]int{}
+	for i := range 20 {
+		got[hold(t, p, pool, bigCold(i, 1000))]++
+		recs := p.state.recent.snapshot()
+		if len(recs) == 0 {
+			t.Fatal("no decision of decision cost recorded")
+		}
+		rec := recs[0]
+		var best, chosen float64 = 1e18, 0
+		for _, c := range rec.Candidates {
+			best = min(best, c.PredictedTTFT)
+			if c.Upstream == rec.Chosen {
+				chosen = c.PredictedTTFT
+			}
+		}
+		if bound := ttftBound(best/1e3, slack) * 1e3; chosen > bound+1e-9 {
+			t.Errorf("request %d went to %s, predicted TTFT %.1f ms beyond the bound %.1f ms", i, rec.Chosen, chosen, bound)
+		}
+	}
+	if got["cheap:1"] <= got["dear:1"] || got["dear:1"] < 5 {
+		t.Errorf("20 requests: %v; want the cheap upstream to take more, the dear one at least 5", got)
+	}
+}
+
+// Before anything is learned the upstream block's prefill_tokens_per_second is the speed (the
+// default without one); a learned speed then replaces it.
+func TestCostPriorsBeforeLearned(t *testing.T) {
+	pool := newPool("a:1", "b:1")
+	ups := map[string]energy.Profile{"a:1": {PrefillTokensPerSecond: 2000}}
+	p := costPolicy(t, pool, ups, true, func(p *KVCacheAware) { p.ExplainHeader = "X-Why" })
+	explain := func(prompt string) (string, map[string]string) {
+		r, cancel := chatRequest("m", prompt)
+		t.Cleanup(cancel)
+		w := httptest.NewRecorder()
+		up := p.Select(pool, r, w)
+		fields := map[string]string{}
+		for _, kv := range strings.Split(w.Header().Get("X-Why"), "; ") {
+			k, v, _ := strings.Cut(kv, "=")
+			fields[k] = v
+		}
+		return up.Dial, fields
+	}
+	// A cold request goes to b, at the default 5,000 tokens per second.
+	up, f := explain(bigCold(1, 1000))
+	uncached, _ := strconv.ParseFloat(f["uncached_tokens"], 64)
+	ttft, _ := strconv.ParseFloat(f["predicted_ttft_ms"], 64)
+	if up != "b:1" || f["decision"] != "cost" || uncached < 900 || abs(ttft-uncached/DefaultPrefillTokensPerSecond*1e3) > 0.1 {
+		t.Errorf("cold request on a prior of 2,000 and the default %v: went to %s, explained %v", DefaultPrefillTokensPerSecond, up, f)
+	}
+	// b learns it is slower than a's prior: the next cold request goes to a, at its prior.
+	p.state.upstream("b:1").learn.figures.Store(&learnedFigures{PrefillTokensPerSecond: 500, PrefillLearned: true})
+	up, f = explain(bigCold(2, 1000))
+	uncached, _ = strconv.ParseFloat(f["uncached_tokens"], 64)
+	ttft, _ = strconv.ParseFloat(f["predicted_ttft_ms"], 64)
+	if up != "a:1" || abs(ttft-uncached/2000*1e3) > 0.1 {
+		t.Errorf("b learned 500 tokens/s: went to %s, explained %v; want a at its prior of 2,000", up, f)
+	}
+	if h := fmt.Sprint(f); strings.Contains(h, "b:1") || strings.Contains(h, "lorem") {
+		t.Errorf("the explain header names another upstream or prompt text: %v", f)
+	}
+}
+
+func abs(v float64) float64 { return max(v, -v) }
+
+// Without llm_feedback a request counts in its upstream's queued prefill until its predicted
+// TTFT has passed; with it, until prefillDone (idempotent) or its end.
+func TestCostPrefillDeadlineWithoutFeedback(t *testing.T) {
+	pool := newPool("a:1")
+	p := costPolicy(t, pool, nil, false)
+	u := p.state.upstream("a:1")
+	hold(t, p, pool, bigCold(1, 100)) // 100 tokens at 5,000 per second: 20 ms
+	if got := u.prefillTokens.Load(); got < 90 {
+		t.Fatalf("queued prefill after the decision: %d tokens, want about 100", got)
+	}
+	waitFor(t, func() bool { u.expirePrefill(time.Now().UnixNano()); return u.prefillTokens.Load() == 0 },
+		"the request counted as prefilled once its predicted TTFT passed")
+
+	u.feedback.Store(true)
+	r, cancel := chatRequest("m", bigCold(2, 100))
+	defer cancel()
+	p.Select(pool, r, nil)
+	lr := requestFor(r, DefaultMaxBody)
+	time.Sleep(40 * time.Millisecond) // past its predicted TTFT: with feedback, that means nothing
+	u.expirePrefill(time.Now().UnixNano())
+	if got := u.prefillTokens.Load(); got < 90 {
+		t.Errorf("with llm_feedback, past its predicted TTFT: %d tokens queued, want the request's ~100", got)
+	}
+	lr.prefillDone()
+	lr.prefillDone()
+	if got := u.prefillTokens.Load(); got != 0 {
+		t.Errorf("after prefillDone (twice): %d tokens queued, want 0", got)
+	}
+}
+
+// The queued prefill stays exact whatever the order of decisions, retries, first tokens and
+// ends, run at once.
+func TestCostPrefillAccountingExactUnderConcurrency(t *testing.T) {
+	pool := newPool("a:1", "b:1", "c:1")
+	for _, feedback := range []bool{true, false} {
+		p := costPolicy(t, pool, nil, feedback)
+		var wg sync.WaitGroup
+		for g := range 8 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				rng := rand.New(rand.NewPCG(uint64(g), 1))
+				for i := range 150 {
+					r, cancel := chatRequest("m", bigCold(g*1000+i, 50+rng.IntN(500)))
+					up := p.Select(pool, r, nil)
+					lr := requestFor(r, DefaultMaxBody)
+					var wg2 sync.WaitGroup
+					if rng.IntN(2) == 0 {
+						wg2.Add(1)
+						go func() { defer wg2.Done(); lr.prefillDone() }()
+					}
+					if rng.IntN(3) == 0 && up != nil {
+						p.Select(newPool(otherThan(pool, up.Dial)), r, nil) // a retry
+					}
+					if rng.IntN(2) == 0 {
+						lr.prefillDone()
+					}
+					p.state.upstream(pool[rng.IntN(3)].Dial).expirePrefill(time.Now().UnixNano())
+					cancel()
+					wg2.Wait()
+				}
+			}()
+		}
+		wg.Wait()
+		waitFor(t, func() bool {
+			for _, u := range pool {
+				st := p.state.upstream(u.Dial)
+				if st.prefillTokens.Load() != 0 || st.inFlight.Load() != 0 || st.queuedTokens.Load() != 0 {
+					return false
+				}
+			}
+			return true
+		}, fmt.Sprintf("queued prefill, in-flight and queued tokens back to 0 (feedback %v)", feedback))
+	}
+}
+
+// GET /kvroute/ shows each candidate's prediction for recent decisions; the ring is bounded.
+func TestCostRecentDecisionsBounded(t *testing.T) {
+	pool := newPool("a:1", "b:1")
+	p := costPolicy(t, pool, nil, false)
+	for i := range recentDecisions + 5 {
+		pick(t, p, pool, "m", bigCold(i, 100))
+	}
+	st := p.state.status()
+	if len(st.RecentDecisions) != recentDecisions {
+		t.Fatalf("%d recent decisions, want %d", len(st.RecentDecisions), recentDecisions)
+	}
+	d := st.RecentDecisions[0]
+	if len(d.Candidates) != 2 || d.Chosen == "" || d.Candidates[0].PredictedTTFT <= 0 || d.Candidates[0].UncachedTokens < 90 {
+		b, _ := json.Marshal(d)
+		t.Errorf("newest decision: %s", b)
+	}
+}
+
+// The decode pool's cost is the KV to transfer plus the decode load: no prefill term.
+func TestDecodePoolCost(t *testing.T) {
+	for _, tt := range []struct {
+		prompt, held, decode int64
+		transfer, speed      float64
+		want                 float64
+	}{
+		{prompt: 10000, held: 0, transfer: 100000, decode: 0, speed: 1000, want: 0.1},
+		{prompt: 10000, held: 10000, transfer: 100000, decode: 500, speed: 1000, want: 0.5},
+		{prompt: 10000, held: 4000, transfer: 100000, decode: 2000, speed: 1000, want: 2.06},
+		{prompt: 100, held: 400, transfer: 100000, decode: -3, speed: 1000, want: 0}, // held beyond the prompt, nonsense load
+		{prompt: 10000, held: 0, transfer: 0, decode: 1000, speed: 0, want: 0},       // unknown speeds: free
+	} {
+		if got := DecodePoolCost(tt.prompt, tt.held, tt.transfer, tt.decode, tt.speed); abs(got-tt.want) > 1e-9 {
+			t.Errorf("DecodePoolCost(%d, %d, %v, %d, %v) = %v, want %v", tt.prompt, tt.held, tt.transfer, tt.decode, tt.speed, got, tt.want)
+		}
+	}
+}
