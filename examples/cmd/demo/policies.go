@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 )
 
@@ -27,6 +28,8 @@ type policy struct {
 	Outage   bool // -nats-outage: NATS is stopped mid-run and started again
 	Late     bool // -late-replica: the last replica starts mid-run
 	Suffix   string
+	// Variant: kv_cache_aware with one option set, run only when -policies names it.
+	Variant bool
 }
 
 // title is the policy as the tables show it: its label and the replicas variant.
@@ -41,6 +44,8 @@ func (p policy) label() string {
 func allPolicies(kvOptions []string) []policy {
 	return []policy{
 		{Name: "kv_cache_aware", Module: "kv_cache_aware", Block: kvOptions},
+		{Name: "kv_cost", Module: "kv_cache_aware", Block: append(slices.Clone(kvOptions), "decision cost"), Suffix: " (decision cost)", Variant: true},
+		{Name: "kv_thresholds", Module: "kv_cache_aware", Block: append(slices.Clone(kvOptions), "decision thresholds"), Suffix: " (decision thresholds)", Variant: true},
 		{Name: "sglang_cache_aware", Module: "sglang_cache_aware", Peer: true},
 		{Name: "prefix_hash", Module: "prefix_hash", Peer: true},
 		{Name: "round_robin", Module: "round_robin"},
@@ -65,6 +70,9 @@ func selectPolicies(cfg *config, bin *caddyBinary) ([]policy, []string, error) {
 	if cfg.policies == "" {
 		var out, missing []policy
 		for _, p := range all {
+			if p.Variant {
+				continue
+			}
 			if bin.has(policyModulePrefix + p.Module) {
 				out = append(out, p)
 			} else {
