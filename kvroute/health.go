@@ -262,6 +262,10 @@ type attempt struct {
 	latency time.Duration
 	had     bool
 	judged  atomic.Bool // its outcome was taken in
+	// The routing text the attempt sends (its model, chars and the chars the trees predicted
+	// the upstream held), counted in what the upstream was sent once its engine served it.
+	model          string
+	chars, matched int
 }
 
 // watchedBody is an attempt's request body: it remembers whether reading the client's body
@@ -311,6 +315,23 @@ func (a *attempt) answered(repl *caddy.Replacer) bool {
 	}
 	d, isDuration := v.(time.Duration)
 	return !a.had || !isDuration || d != a.latency
+}
+
+// statusKey is set by Caddy with the status of the attempt that got response headers, right
+// after latencyKey.
+const statusKey = "http.reverse_proxy.status_code"
+
+// served reports whether the answered attempt's status says its engine took the request in
+// (2xx). A refusal (a 429, a 400, a 500 for KV blocks that do not fit) was never prefilled: its
+// text is in none of the engine's prompt-token totals, and counting it as sent biases the chars
+// per token learned from them.
+func served(repl *caddy.Replacer) bool {
+	v, ok := repl.Get(statusKey)
+	if !ok {
+		return false
+	}
+	code, isInt := v.(int)
+	return isInt && code >= 200 && code < 300
 }
 
 // upstreamFault returns why an attempt that got no response headers failed by its upstream's
@@ -365,6 +386,9 @@ func (s *state) judge(repl *caddy.Replacer, a *attempt, ended bool, err error) {
 		return
 	}
 	if a.answered(repl) {
+		if served(repl) {
+			a.u.learn.sent.sent(a.model, a.chars, a.matched)
+		}
 		s.healthy(a.u, false, "response")
 		return
 	}

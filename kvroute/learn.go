@@ -50,8 +50,10 @@ const (
 	maxLearnedModels = 256
 )
 
-// sentCounts are what this router sent an upstream: requests, their routing-text chars and the
-// chars it predicted the upstream held (the matched prefix), since the upstream appeared.
+// sentCounts are what this router sent an upstream and its engine served (a 2xx: a refused
+// request was never prefilled, and is in none of the engine's totals): requests, their
+// routing-text chars and the chars it predicted the upstream held (the matched prefix), since
+// the upstream appeared. A request counts when it ends (judge).
 type sentCounts struct {
 	requests atomic.Int64
 	chars    atomic.Int64
@@ -62,7 +64,7 @@ type sentCounts struct {
 	mixed atomic.Bool
 }
 
-// sent counts one decision for u (the request path: atomics only).
+// sent counts one request the upstream served (the request path: atomics only).
 func (c *sentCounts) sent(model string, chars, matched int) {
 	c.requests.Add(1)
 	c.chars.Add(int64(chars))
@@ -407,9 +409,9 @@ var (
 	descEngineHits = prometheus.NewDesc(ns+"_"+sub+"_engine_cache_hits_total",
 		"Prompt tokens the upstream's engine found in its prefix cache, from its telemetry intervals: over engine_cache_queries_total, its own hit ratio.", []string{"upstream"}, nil)
 	descRouted = prometheus.NewDesc(ns+"_"+sub+"_routed_chars_total",
-		"Chars of routing text this router sent the upstream.", []string{"upstream"}, nil)
+		"Chars of routing text this router sent the upstream that its engine served (2xx), counted as each request ends.", []string{"upstream"}, nil)
 	descPredicted = prometheus.NewDesc(ns+"_"+sub+"_predicted_cached_chars_total",
-		"Chars of the routing text sent the upstream that the router predicted it held: over routed_chars_total, the predicted hit ratio.", []string{"upstream"}, nil)
+		"Chars of the routing text the upstream served (routed_chars_total) that the router predicted it held: over routed_chars_total, the predicted hit ratio.", []string{"upstream"}, nil)
 	descAnomalies = prometheus.NewDesc(ns+"_"+sub+"_telemetry_anomalies_total",
 		"Telemetry intervals of the upstream left partly or wholly out (a total that wobbled back, a family gone, another model, an absurd rate, changed buckets).", []string{"upstream"}, nil)
 )

@@ -25,9 +25,14 @@ type countingEngine struct {
 	*backend
 	charsPerToken, prefillSpeed float64
 
+	// refuse, when set, is the status the engine answers the nth request with (from 0)
+	// instead of serving it (0: serve): a refused request is never prefilled nor counted.
+	refuse func(n int) int
+
 	mu                    sync.Mutex
 	prompt, hits, prefill float64
 	requests              int
+	seen                  int     // requests received, refused ones included
 	start                 float64 // process_start_time_seconds
 }
 
@@ -53,6 +58,15 @@ func (e *countingEngine) serve(w http.ResponseWriter, r *http.Request) {
 		r.Body = io.NopCloser(strings.NewReader(string(body)))
 		tokens := float64(llmreq.Parse(body, false).Runes) / e.charsPerToken
 		e.mu.Lock()
+		n := e.seen
+		e.seen++
+		if e.refuse != nil {
+			if status := e.refuse(n); status != 0 {
+				e.mu.Unlock()
+				http.Error(w, `{"error":{"message":"refused"}}`, status)
+				return
+			}
+		}
 		e.prompt += tokens
 		e.hits += tokens / 2
 		e.prefill += tokens / 2 / e.prefillSpeed
@@ -227,5 +241,47 @@ func TestEngineRestartDropsItsShare(t *testing.T) {
 	}
 	if strings.Contains(string(body), fmt.Sprintf(`caddy_kvroute_engine_restarts_total{upstream=%q}`, keep.addr())) {
 		t.Error("a restart counted for the engine that did not restart")
+	}
+}
+
+// TestCharsPerTokenCountsAnsweredRequestsOnly: requests the engine refused (a 429, a 500: never
+// prefilled, never in its prompt-token total) are not routing text it counted. Counting them as
+// sent would learn half again or twice the engine's chars per token here (every other request
+// refused): 14 for 7.
+func TestCharsPerTokenCountsAnsweredRequestsOnly(t *testing.T) {
+	e := newCountingEngine(t, "u1", 7, 2000)
+	e.refuse = func(n int) int {
+		switch n % 4 {
+		case 1:
+			return http.StatusTooManyRequests
+		case 3:
+			return http.StatusInternalServerError
+		}
+		return 0
+	}
+	startCaddy(t, proxyConfig(fleet{e.backend}, "", `telemetry {
+				interval 100ms
+				timeout 100ms
+			}`, ""))
+	client := newClient(t, 10*time.Second)
+	deadline := time.Now().Add(30 * time.Second)
+	refused := 0
+	for i := 0; ; i++ {
+		if time.Now().After(deadline) {
+			t.Fatalf("no chars per token learned after %d requests", i)
+		}
+		_, resp := send(t, client, baseURL+"/v1/chat/completions", chatBody("refuse-m", coldPrompt(i)+strings.Repeat(" with more words", 40)))
+		if resp.StatusCode != http.StatusOK {
+			refused++
+		}
+		if c, ok := getStatus(t).CharsPerToken["refuse-m"]; ok && i >= 40 {
+			if math.Abs(c-7)/7 > 0.05 {
+				t.Errorf("learned %.3f chars per token with %d of %d requests refused, want 7 ± 5%%", c, refused, i+1)
+			}
+			break
+		}
+	}
+	if refused == 0 {
+		t.Fatal("the engine refused no request")
 	}
 }

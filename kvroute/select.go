@@ -489,7 +489,9 @@ func (p *KVCacheAware) commit(r *http.Request, w http.ResponseWriter, req *llmRe
 	// Peers learn what this replica just learned (pending cookie ids stay local: a client
 	// that keeps no cookies must not fill every replica's store).
 	p.state.share(req.Model, c.up.Dial, req.Text, bindKey, boundAt)
-	req.attempt.Store(newAttempt(r, c.st))
+	a := newAttempt(r, c.st)
+	a.model, a.chars, a.matched = req.Model, req.Runes, c.match
+	req.attempt.Store(a)
 	if len(req.tried) == 0 {
 		p.state.watchOutcome(r, req)
 	}
@@ -535,7 +537,6 @@ func (p *KVCacheAware) count(c *candidate, req *llmRequest, path int) {
 	if c != nil {
 		addr = c.up.Dial
 		c.st.decisions[path].Add(1)
-		c.st.learn.sent.sent(req.Model, req.Runes, matched)
 		if req.Runes > 0 {
 			metrics.matchRatio.Observe(ratio)
 		}

@@ -3,10 +3,12 @@ package llmsim
 import (
 	"bufio"
 	"fmt"
+	"math"
 	"net/http"
 	"strconv"
 	"strings"
 	"sync/atomic"
+	"time"
 )
 
 // counters are a worker's monotonic counters (zeroed by Reset) and its running KV blocks.
@@ -16,6 +18,13 @@ type counters struct {
 	cachedTokens     atomic.Uint64 // = vLLM's prefix cache hits, in tokens
 	generationTokens atomic.Uint64
 	runningBlocks    atomic.Int64 // KV blocks held by running requests: not reset
+	// vLLM's request histograms. Prefill and decode times are the simulated GPU's (the
+	// nominal durations the worker sleeps), not the host's sleep jitter: they are what a
+	// real engine's clock would measure of the work. TTFT is the request's wall time from
+	// arrival to its first token, queueing included, as vLLM measures it.
+	prefillTime, decodeTime, ttft histogram
+	// startNanos is the simulated process's start (Unix nanoseconds): Restart takes a new one.
+	startNanos atomic.Int64
 }
 
 func (c *counters) reset() {
@@ -23,6 +32,58 @@ func (c *counters) reset() {
 	c.promptTokens.Store(0)
 	c.cachedTokens.Store(0)
 	c.generationTokens.Store(0)
+	c.prefillTime.reset()
+	c.decodeTime.reset()
+	c.ttft.reset()
+}
+
+// histogramBounds are vLLM's request-latency buckets (seconds), shared by the three histograms.
+var histogramBounds = []float64{0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75,
+	1, 2.5, 5, 7.5, 10, 20, 40, 80, 160, 640, 2560}
+
+// histogram is a Prometheus histogram over histogramBounds, updated with atomics. A reading
+// taken while an observation is being added may see its bucket before its count: scrapers
+// diff readings a second apart, where one observation in flight is noise.
+type histogram struct {
+	buckets [23]atomic.Uint64 // per bucket (not cumulative); the last is +Inf
+	sumNs   atomic.Int64
+}
+
+func (h *histogram) observe(d time.Duration) {
+	s := d.Seconds()
+	i := len(histogramBounds)
+	for j, b := range histogramBounds {
+		if s <= b {
+			i = j
+			break
+		}
+	}
+	h.buckets[i].Add(1)
+	h.sumNs.Add(int64(d))
+}
+
+func (h *histogram) reset() {
+	for i := range h.buckets {
+		h.buckets[i].Store(0)
+	}
+	h.sumNs.Store(0)
+}
+
+// write writes the histogram in the text format, le labels after labels' own.
+func (h *histogram) write(bw *bufio.Writer, name, help, labels string) {
+	fmt.Fprintf(bw, "# HELP %s %s\n# TYPE %s histogram\n", name, help, name)
+	inner := strings.TrimSuffix(strings.TrimPrefix(labels, "{"), "}")
+	cum := uint64(0)
+	for i := range h.buckets {
+		cum += h.buckets[i].Load()
+		le := "+Inf"
+		if i < len(histogramBounds) {
+			le = strconv.FormatFloat(histogramBounds[i], 'f', -1, 64)
+		}
+		fmt.Fprintf(bw, "%s_bucket{%s,le=\"%s\"} %d\n", name, inner, le, cum)
+	}
+	fmt.Fprintf(bw, "%s_sum%s %s\n%s_count%s %d\n", name, labels,
+		strconv.FormatFloat(time.Duration(h.sumNs.Load()).Seconds(), 'f', -1, 64), name, labels, cum)
 }
 
 // serveMetrics writes the Prometheus text format (version 0.0.4) with vLLM's metric names, so
@@ -64,6 +125,15 @@ func (s *Server) serveMetrics(w http.ResponseWriter, r *http.Request) {
 		"Number of prefill tokens processed.", vllm, float64(s.m.promptTokens.Load()))
 	metric("vllm:generation_tokens_total", "counter",
 		"Number of generation tokens processed.", vllm, float64(s.m.generationTokens.Load()))
+	s.m.prefillTime.write(bw, "vllm:request_prefill_time_seconds",
+		"Histogram of time spent in PREFILL phase for request.", vllm)
+	s.m.decodeTime.write(bw, "vllm:request_decode_time_seconds",
+		"Histogram of time spent in DECODE phase for request.", vllm)
+	s.m.ttft.write(bw, "vllm:time_to_first_token_seconds",
+		"Histogram of time to first token in seconds.", vllm)
+	// As Go's and Python's process collectors write it: seconds, with the fraction.
+	metric("process_start_time_seconds", "gauge", "Start time of the process since unix epoch in seconds.", "",
+		math.Round(float64(s.m.startNanos.Load())/1e6)/1e3)
 	metric("kvsim_requests_total", "counter",
 		"Requests served to the end by the simulated worker.", sim, float64(s.m.requests.Load()))
 	metric("kvsim_cache_blocks", "gauge",

@@ -40,6 +40,7 @@ func New(cfg Config) *Server {
 		prefill: newSlots(cfg.PrefillSlots),
 		mux:     http.NewServeMux(),
 	}
+	s.m.startNanos.Store(time.Now().UnixNano())
 	s.mux.HandleFunc("POST /v1/chat/completions", func(w http.ResponseWriter, r *http.Request) {
 		s.serveGenerate(w, r, true)
 	})
@@ -71,6 +72,14 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 func (s *Server) Reset() {
 	s.cache.Reset()
 	s.m.reset()
+}
+
+// Restart is Reset as an engine process restarted would show it: an empty cache, counters back
+// to zero and a new process_start_time_seconds. Running requests go on (a real restart would
+// cut them; the demo's restart scenario is about the cache and the counters).
+func (s *Server) Restart() {
+	s.Reset()
+	s.m.startNanos.Store(time.Now().UnixNano())
 }
 
 // Stats is a snapshot of a worker's counters.
@@ -162,6 +171,7 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, j job) {
 		return
 	}
 	p := NewPrompt(j.text, s.cfg.BlockTokens)
+	arrived := time.Now()
 
 	ctx := r.Context()
 	if err := s.slots.acquire(ctx); err != nil {
@@ -178,6 +188,7 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, j job) {
 	if !ok {
 		return
 	}
+	s.m.ttft.observe(time.Since(arrived))
 
 	usage := Usage{
 		PromptTokens:        p.Tokens,
@@ -208,6 +219,7 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, j job) {
 	if ok {
 		s.m.requests.Add(1)
 		s.m.generationTokens.Add(uint64(j.maxTokens))
+		s.m.decodeTime.observe(s.cfg.scaled(time.Duration(max(0, j.maxTokens-1)) * s.cfg.DecodePerToken))
 	}
 }
 
@@ -223,9 +235,11 @@ func (s *Server) runPrefill(ctx context.Context, p Prompt, clock *sleeper) (int,
 	cached := s.cache.Lookup(p)
 	s.m.promptTokens.Add(uint64(p.Tokens))
 	s.m.cachedTokens.Add(uint64(cached))
-	if !clock.sleep(ctx, s.cfg.scaled(time.Duration(p.Tokens-cached)*s.cfg.PrefillPerToken)) {
+	d := s.cfg.scaled(time.Duration(p.Tokens-cached) * s.cfg.PrefillPerToken)
+	if !clock.sleep(ctx, d) {
 		return cached, false
 	}
+	s.m.prefillTime.observe(d)
 	s.cache.Insert(p)
 	return cached, true
 }

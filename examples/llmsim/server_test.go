@@ -340,7 +340,7 @@ func scrape(t *testing.T, url string) map[string]float64 {
 		line := sc.Text()
 		if rest, ok := strings.CutPrefix(line, "# TYPE "); ok {
 			f := strings.Fields(rest)
-			if len(f) != 2 || (f[1] != "gauge" && f[1] != "counter") {
+			if len(f) != 2 || (f[1] != "gauge" && f[1] != "counter" && f[1] != "histogram") {
 				t.Errorf("bad TYPE line %q", line)
 			}
 			types[f[0]] = f[1]
@@ -351,13 +351,20 @@ func scrape(t *testing.T, url string) map[string]float64 {
 		}
 		name, rest, ok := strings.Cut(line, "{")
 		labels, value, ok2 := strings.Cut(rest, "} ")
-		if !ok || !ok2 || strings.Contains(labels, "}") {
+		if !ok { // a sample without labels (process_start_time_seconds)
+			name, value, ok2 = strings.Cut(line, " ")
+		}
+		if !ok2 || strings.Contains(labels, "}") {
 			t.Errorf("bad sample line %q", line)
 			continue
 		}
 		v, err := strconv.ParseFloat(value, 64)
 		if err != nil {
 			t.Errorf("bad value in %q", line)
+		}
+		if base, part := histogramSample(name); part && types[base] == "histogram" {
+			out[name] = v // the last bucket written is +Inf
+			continue
 		}
 		if types[name] == "" {
 			t.Errorf("sample %s without TYPE", name)
@@ -368,6 +375,16 @@ func scrape(t *testing.T, url string) map[string]float64 {
 		out[name] = v
 	}
 	return out
+}
+
+// histogramSample returns the histogram family of a _bucket, _sum or _count sample.
+func histogramSample(name string) (string, bool) {
+	for _, suffix := range []string{"_bucket", "_sum", "_count"} {
+		if base, ok := strings.CutSuffix(name, suffix); ok {
+			return base, true
+		}
+	}
+	return "", false
 }
 
 func TestMetrics(t *testing.T) {

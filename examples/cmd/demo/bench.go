@@ -18,6 +18,9 @@ type bench struct {
 	bin      *caddyBinary
 	fleet    fleet
 	workload workload.Workload
+	// extras are the runs' scenario figures (-restart-at, what kv_cache_aware learned), for
+	// the same-run ratios after the table.
+	extras map[*replay.Result]*runExtras
 }
 
 // runOnce replays the workload once through a fresh Caddy with policy p on a fleet with empty
@@ -63,9 +66,30 @@ func (b *bench) runOnce(ctx context.Context, p policy) (*replay.Result, error) {
 		defer cancel()
 		late = g.startLate(lctx, b, time.Now(), b.cfg.late)
 	}
+	var (
+		restart     <-chan restartResult
+		replayEnded = make(chan struct{})
+	)
+	if b.cfg.restartAt > 0 {
+		opts.KeepRecords = true // for the figures before and after the restart
+		kvAdmin := 0
+		if p.Module == "kv_cache_aware" {
+			kvAdmin = admin
+		}
+		restart = b.restartDuring(ctx, replayEnded, kvAdmin, time.Now(), b.cfg.restartAt)
+	}
 	side := startSideLoad(ctx, b.fleet.Addrs()[0], b.cfg.sideLoad)
 	res, err := replay.Run(ctx, b.workload, opts)
 	side.stop()
+	close(replayEnded)
+	extra := &runExtras{}
+	if restart != nil {
+		rr := <-restart // within restartCountWait of the restart, or at once without one
+		extra.restart = &rr
+		if err == nil {
+			fmt.Printf("\n  %s\n  ", rr.report(extra, res.Records))
+		}
+	}
 	if late != nil {
 		// The replay may end before the replica starts or catches up: it then reports so.
 		lr := <-late
@@ -97,8 +121,8 @@ func (b *bench) runOnce(ctx context.Context, p policy) (*replay.Result, error) {
 			fmt.Fprintln(os.Stderr, "warning: reading the cluster's counters:", ferr)
 		}
 	}
-	if err == nil && admin > 0 && p.Module == "kv_cache_aware" && b.cfg.telemetry {
-		if l, lerr := learnedReport(admin); lerr == nil {
+	if err == nil && admin > 0 && telemetryOn(p) {
+		if l, lerr := learnedReport(admin, b.fleet.Addrs()); lerr == nil {
 			if b.cfg.fleet == "llmd" {
 				l += fmt.Sprintf("\n  llm-d's own count on this workload: %.2f chars per token", llmdCharsPerToken(b.workload, b.fleet.BlockTokens()))
 			}
@@ -106,6 +130,17 @@ func (b *bench) runOnce(ctx context.Context, p policy) (*replay.Result, error) {
 		} else {
 			fmt.Fprintln(os.Stderr, "warning: reading what kv_cache_aware learned:", lerr)
 		}
+		if st, serr := readStatus(ctx, admin); serr == nil {
+			addrs := b.fleet.Addrs()
+			fmt.Printf("%s\n  ", st.prefillLine(addrs, b.fleet.PrefillSpeeds(), slowWorkers(len(addrs), b.cfg.slow)))
+			extra.prefillRatios = st.prefillRatios(addrs, b.fleet.PrefillSpeeds())
+			for _, c := range st.CharsPerToken {
+				extra.charsPerToken = c
+			}
+		}
+	}
+	if res != nil && b.extras != nil {
+		b.extras[res] = extra
 	}
 	if stopErr := stop(); err == nil && stopErr != nil {
 		fmt.Fprintln(os.Stderr, "warning:", stopErr)
@@ -144,27 +179,53 @@ func (b *bench) startCaddyPorts(ctx context.Context, p policy, ports []int) (*ca
 	return c, ports[0], err
 }
 
-// compare runs every policy -repeats times and returns their results, in table order.
+// compare runs every policy -repeats times and returns their results, in table order. With
+// -compare-telemetry the repeats alternate the policies (each repeat runs every policy once), so
+// that a drift in the machine's load falls on both sides of each same-run ratio.
 func (b *bench) compare(ctx context.Context, policies []policy) ([]*policyResult, error) {
-	var out []*policyResult
-	for _, p := range policies {
-		pr := &policyResult{Policy: p.Name, Label: p.title(), Options: p.Block}
-		for rep := range b.cfg.repeats {
-			start := time.Now()
-			fmt.Printf("%-20s run %d/%d ... ", p.Name, rep+1, b.cfg.repeats)
-			res, err := b.runOnce(ctx, p)
-			if err != nil {
-				fmt.Println()
-				return out, fmt.Errorf("%s: %w", p.Name, err)
-			}
-			fmt.Printf("hit %.3f (reference %.3f), imbalance %.2f, %d errors, %s\n",
-				res.HitRatio, res.ReferenceHitRatio, res.Imbalance, res.Errors, time.Since(start).Round(100*time.Millisecond))
-			pr.Runs = append(pr.Runs, res)
-		}
-		pr.Summary = summarize(pr.Runs, b.fleet.Addrs())
-		out = append(out, pr)
+	if b.extras == nil {
+		b.extras = map[*replay.Result]*runExtras{}
 	}
-	return out, nil
+	out := make([]*policyResult, len(policies))
+	for i, p := range policies {
+		out[i] = &policyResult{Policy: p.Name, Label: p.title(), Options: p.Block}
+	}
+	one := func(i, rep int) error {
+		p := policies[i]
+		start := time.Now()
+		fmt.Printf("%-20s run %d/%d ... ", p.Name+p.Suffix, rep+1, b.cfg.repeats)
+		res, err := b.runOnce(ctx, p)
+		if err != nil {
+			fmt.Println()
+			return fmt.Errorf("%s: %w", p.Name, err)
+		}
+		fmt.Printf("hit %.3f (reference %.3f), imbalance %.2f, %.1f requests/s, %d errors, %s\n",
+			res.HitRatio, res.ReferenceHitRatio, res.Imbalance, res.RequestsPerSecond, res.Errors, time.Since(start).Round(100*time.Millisecond))
+		out[i].Runs = append(out[i].Runs, res)
+		return nil
+	}
+	var err error
+	if b.cfg.compareTelemetry {
+		for rep := 0; rep < b.cfg.repeats && err == nil; rep++ {
+			for i := 0; i < len(policies) && err == nil; i++ {
+				err = one(i, rep)
+			}
+		}
+	} else {
+		for i := 0; i < len(policies) && err == nil; i++ {
+			for rep := 0; rep < b.cfg.repeats && err == nil; rep++ {
+				err = one(i, rep)
+			}
+		}
+	}
+	var done []*policyResult
+	for _, pr := range out {
+		if len(pr.Runs) > 0 {
+			pr.Summary = summarize(pr.Runs, b.fleet.Addrs())
+			done = append(done, pr)
+		}
+	}
+	return done, err
 }
 
 // policyResult is every run of one policy and their summary.

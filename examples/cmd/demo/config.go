@@ -4,6 +4,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"math"
 	"os"
 	"strings"
 	"time"
@@ -62,6 +63,11 @@ type config struct {
 	overheadDuration time.Duration
 	overheadRounds   int
 
+	slow             int           // -slow: the last N workers are slowFactor× slower
+	slowFactor       float64       // -slow-factor
+	restartAt        time.Duration // -restart-at: 0 off
+	compareTelemetry bool          // -compare-telemetry
+
 	replicas   int    // -replicas: 0 off
 	natsServer string // nats-server binary for -replicas' cluster
 	outage     time.Duration
@@ -107,6 +113,10 @@ func parseFlags(args []string) (*config, error) {
 	fs.BoolVar(&cfg.telemetry, "telemetry", true, "kv_cache_aware reads each worker's /metrics (KV capacity, queue, health; its default); false: `telemetry off`, the baseline without the engines' figures")
 	fs.IntVar(&cfg.sideLoad, "side-load", 0, "closed-loop clients sending cold prompts straight to the first worker during each replay: traffic the router did not send (0: none)")
 	fs.BoolVar(&cfg.sweep, "sweep", false, "run kv_cache_aware alone over a grid of cache_threshold × balance_abs_threshold × on_imbalance and print a table")
+	fs.IntVar(&cfg.slow, "slow", 0, "a heterogeneous fleet: the last N workers are -slow-factor times slower at prefill and decode (sim: its per-token times; llmd: --prefill-time-per-token and --inter-token-latency); kv_cache_aware's learned prefill speeds are printed against the configured ones")
+	fs.Float64Var(&cfg.slowFactor, "slow-factor", 4, "-slow: how many times slower the slow workers are")
+	fs.DurationVar(&cfg.restartAt, "restart-at", 0, "restart w0 with an empty cache this long after each replay starts (sim: cache, counters and start time reset; llmd: the process killed and started again on its port); prints the restarts kv_cache_aware counted, w0's share of its trees before and after, hit ratio and p99 TTFT in the minute after (0: not)")
+	fs.BoolVar(&cfg.compareTelemetry, "compare-telemetry", false, "also run kv_cache_aware with `telemetry off`, alternating with the telemetry run at each repeat, and print the same-run ratios on/off (median, min-max)")
 	fs.BoolVar(&cfg.walkthrough, "walkthrough", true, "show kv_cache_aware routing a conversation and unrelated prompts before the comparison")
 
 	fs.BoolVar(&cfg.overhead, "overhead", false, "also measure requests/s through Caddy with kv_cache_aware + llm_prompt vs round_robin on a trivial upstream (with -policies none: only that)")
@@ -155,6 +165,15 @@ func (c *config) finish() error {
 	}
 	if c.workers < 1 || c.repeats < 1 || c.concurrency < 1 || c.sample < 1 {
 		return errors.New("-workers, -repeats, -concurrency and -sample must be at least 1")
+	}
+	if c.slow < 0 || c.slow > c.workers || !(c.slowFactor >= 1) || math.IsInf(c.slowFactor, 0) {
+		return errors.New("-slow must be between 0 and -workers, -slow-factor at least 1")
+	}
+	if c.restartAt < 0 {
+		return errors.New("-restart-at must be 0 (off) or positive")
+	}
+	if c.compareTelemetry && !c.telemetry {
+		return errors.New("-compare-telemetry runs kv_cache_aware with and without telemetry: leave -telemetry on")
 	}
 	if c.replicas < 0 {
 		return errors.New("-replicas must be 0 (off) or more")
@@ -285,6 +304,9 @@ type params struct {
 	KVCapacity      bool     `json:"kv_capacity"`         // upstreams annotated with their cache size
 	Telemetry       bool     `json:"telemetry"`           // kv_cache_aware reads the workers' metrics
 	SideLoad        int      `json:"side_load,omitempty"` // clients sending straight to the first worker
+	Slow            int      `json:"slow,omitempty"`      // the last N workers are SlowFactor× slower
+	SlowFactor      float64  `json:"slow_factor,omitempty"`
+	RestartAt       string   `json:"restart_at,omitempty"` // w0 restarted this long into each replay
 	Caddy           string   `json:"caddy"`
 }
 
@@ -296,6 +318,12 @@ func (c *config) params() params {
 	}
 	if c.fleet == "sim" {
 		p.Speed = c.speed
+	}
+	if c.slow > 0 {
+		p.Slow, p.SlowFactor = c.slow, c.slowFactor
+	}
+	if c.restartAt > 0 {
+		p.RestartAt = c.restartAt.String()
 	}
 	if c.kind == "chat" {
 		p.Conversations, p.Turns, p.SystemPrompts = c.chat.Conversations, c.chat.Turns, c.chat.SystemPrompts

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"time"
 
 	"github.com/kvroute/caddy-kvroute/examples/llmsim"
 	"github.com/kvroute/caddy-kvroute/examples/workload"
@@ -26,6 +27,12 @@ type fleet interface {
 	Client(conns int) *http.Client
 	// Fresh empties every worker's cache and counters before a run.
 	Fresh(ctx context.Context) error
+	// PrefillSpeeds are the workers' configured prefill speeds, uncached prompt tokens per
+	// second, in order.
+	PrefillSpeeds() []float64
+	// Restart restarts worker i as an engine process restarts: an empty cache, its counters
+	// from zero.
+	Restart(ctx context.Context, i int) error
 	// Close stops the workers.
 	Close() error
 }
@@ -41,16 +48,42 @@ func startFleet(ctx context.Context, cfg *config) (fleet, error) {
 // simFleet is our simulator (examples/llmsim), run in this process.
 type simFleet struct{ *llmsim.Fleet }
 
+// startSimFleet starts the workers on free ports, named worker-0, worker-1, ... as
+// llmsim.StartFleet names them; -slow's workers take their per-token times × -slow-factor.
 func startSimFleet(cfg *config) (*simFleet, error) {
-	f, err := llmsim.StartFleet(cfg.workers, llmsim.Config{
-		Model:          workload.DefaultChat.Model,
-		CapacityBlocks: cfg.blocks,
-		Speed:          cfg.speed,
-	}, 0)
-	if err != nil {
-		return nil, err
+	f := &simFleet{&llmsim.Fleet{}}
+	for i := range cfg.workers {
+		k := cfg.slowdown(i)
+		w, err := llmsim.StartWorker("127.0.0.1:0", llmsim.Config{
+			Name:            fmt.Sprintf("worker-%d", i),
+			Model:           workload.DefaultChat.Model,
+			CapacityBlocks:  cfg.blocks,
+			Speed:           cfg.speed,
+			PrefillPerToken: time.Duration(k * float64(llmsim.DefaultPrefillPerToken)),
+			DecodePerToken:  time.Duration(k * float64(llmsim.DefaultDecodePerToken)),
+		})
+		if err != nil {
+			f.Close()
+			return nil, err
+		}
+		f.Workers = append(f.Workers, w)
 	}
-	return &simFleet{f}, nil
+	return f, nil
+}
+
+func (f *simFleet) PrefillSpeeds() []float64 {
+	out := make([]float64, len(f.Workers))
+	for i, w := range f.Workers {
+		c := w.Config()
+		out[i] = c.Speed / c.PrefillPerToken.Seconds()
+	}
+	return out
+}
+
+// Restart restarts worker i in place (llmsim's Server.Restart): its port stays open.
+func (f *simFleet) Restart(_ context.Context, i int) error {
+	f.Workers[i].Restart()
+	return nil
 }
 
 func (f *simFleet) Kind() string { return "llmsim" }

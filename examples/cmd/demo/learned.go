@@ -19,7 +19,7 @@ import (
 // against the engines' own count over the whole run (the routing chars it sent over the prompt
 // tokens they counted), the tree bound that allows per worker, the prefill speeds, the engines'
 // own hit ratio against the router's prediction, and restarts.
-func learnedReport(admin int) (string, error) {
+func learnedReport(admin int, addrs []string) (string, error) {
 	client := &http.Client{Timeout: 5 * time.Second}
 	resp, err := client.Get(fmt.Sprintf("http://localhost:%d/kvroute/", admin))
 	if err != nil {
@@ -79,8 +79,11 @@ func learnedReport(admin int) (string, error) {
 	var bounds, speeds []string
 	var restarts uint64
 	exports := ""
-	for _, a := range sortedKeys(st.Upstreams) {
-		u := st.Upstreams[a]
+	for _, a := range addrs { // in fleet order, as the other lines
+		u, ok := st.Upstreams[a]
+		if !ok {
+			continue
+		}
 		bounds = append(bounds, fmt.Sprintf("%d", u.TreeBoundChars))
 		s := fmt.Sprintf("%.0f", u.Learned.Prefill)
 		if !u.Learned.Learned {
@@ -97,15 +100,6 @@ func learnedReport(admin int) (string, error) {
 			totals["engine_cache_hits_total"]/q, totals["predicted_cached_chars_total"]/totals["routed_chars_total"])
 	}
 	return b.String(), nil
-}
-
-func sortedKeys[V any](m map[string]V) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	slices.Sort(keys)
-	return keys
 }
 
 // llmdCharsPerToken is llm-d's simulator's own chars per token on a workload: the routing text

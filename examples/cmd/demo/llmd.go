@@ -47,6 +47,10 @@ type llmdFleet struct {
 	blocks int
 	logDir string
 	procs  []*exec.Cmd
+	// perWorker are each worker's own flags (its timings: -slow); prefill its configured
+	// prefill speed in tokens per second.
+	perWorker [][]string
+	prefill   []float64
 }
 
 // startLLMDFleet builds the simulator when its binary is missing and starts the workers.
@@ -65,8 +69,19 @@ func startLLMDFleet(ctx context.Context, cfg *config) (*llmdFleet, error) {
 		"--model", "llama-3.1-8b", "--force-dummy-tokenizer", "--enable-kvcache", "--zmq-endpoint", "",
 		"--mode", "random", "--kv-cache-size", strconv.Itoa(blocks), "--block-size", "16",
 		"--max-num-seqs", strconv.Itoa(slots), "--max-model-len", "1048576", "--max-request-body-size-mb", "64",
-		// The same timings as our simulator: 50µs per uncached prompt token, 2ms per output token.
-		"--prefill-time-per-token", scale(50 * time.Microsecond), "--inter-token-latency", scale(2 * time.Millisecond),
+	}
+	for i := range cfg.workers {
+		// The same timings as our simulator: 50µs per uncached prompt token, 2ms per output
+		// token; -slow's workers -slow-factor times those.
+		k := cfg.slowdown(i)
+		prefill := scale(time.Duration(k * float64(llmsim.DefaultPrefillPerToken)))
+		f.perWorker = append(f.perWorker, []string{"--prefill-time-per-token", prefill,
+			"--inter-token-latency", scale(time.Duration(k * float64(llmsim.DefaultDecodePerToken)))})
+		d, err := time.ParseDuration(prefill)
+		if err != nil {
+			return nil, err
+		}
+		f.prefill = append(f.prefill, 1/d.Seconds())
 	}
 	if f.logDir, err = os.MkdirTemp("", "kvroute-demo-llmd-"); err != nil {
 		return nil, err
@@ -133,42 +148,62 @@ func findDir(rel string) (string, error) {
 // start starts every worker and waits until each answers /health.
 func (f *llmdFleet) start(ctx context.Context) error {
 	f.procs = make([]*exec.Cmd, len(f.ports))
-	for i, port := range f.ports {
-		logf, err := os.OpenFile(filepath.Join(f.logDir, fmt.Sprintf("w%d.log", i)), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
-		if err != nil {
+	for i := range f.ports {
+		if err := f.startOne(i); err != nil {
 			return err
 		}
-		cmd := exec.Command(f.bin, append([]string{"--port", strconv.Itoa(port)}, f.args...)...)
-		cmd.Env = append(os.Environ(), "POD_IP=127.0.0.1")
-		cmd.Stdout, cmd.Stderr = logf, logf
-		err = cmd.Start()
-		logf.Close()
-		if err != nil {
-			return fmt.Errorf("starting %s: %w", f.bin, err)
-		}
-		f.procs[i] = cmd
 	}
-	client := &http.Client{Timeout: time.Second}
 	deadline := time.Now().Add(30 * time.Second)
-	for i, a := range f.addrs {
-		for {
-			resp, err := client.Get("http://" + a + "/health")
-			if err == nil {
-				resp.Body.Close()
-				if resp.StatusCode == http.StatusOK {
-					break
-				}
-			}
-			if ctx.Err() != nil {
-				return ctx.Err()
-			}
-			if time.Now().After(deadline) {
-				return fmt.Errorf("llm-d-inference-sim w%d on %s not healthy after 30s (log: %s)", i, a, filepath.Join(f.logDir, fmt.Sprintf("w%d.log", i)))
-			}
-			time.Sleep(100 * time.Millisecond)
+	for i := range f.addrs {
+		if err := f.waitHealthy(ctx, i, deadline); err != nil {
+			return err
 		}
 	}
 	return nil
+}
+
+// startOne starts worker i on its port.
+func (f *llmdFleet) startOne(i int) error {
+	logf, err := os.OpenFile(filepath.Join(f.logDir, fmt.Sprintf("w%d.log", i)), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return err
+	}
+	args := append([]string{"--port", strconv.Itoa(f.ports[i])}, f.args...)
+	if i < len(f.perWorker) {
+		args = append(args, f.perWorker[i]...)
+	}
+	cmd := exec.Command(f.bin, args...)
+	cmd.Env = append(os.Environ(), "POD_IP=127.0.0.1")
+	cmd.Stdout, cmd.Stderr = logf, logf
+	err = cmd.Start()
+	logf.Close()
+	if err != nil {
+		return fmt.Errorf("starting %s: %w", f.bin, err)
+	}
+	f.procs[i] = cmd
+	return nil
+}
+
+// waitHealthy waits until worker i answers /health, until deadline.
+func (f *llmdFleet) waitHealthy(ctx context.Context, i int, deadline time.Time) error {
+	client := &http.Client{Timeout: time.Second}
+	a := f.addrs[i]
+	for {
+		resp, err := client.Get("http://" + a + "/health")
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return nil
+			}
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("llm-d-inference-sim w%d on %s not healthy after 30s (log: %s)", i, a, filepath.Join(f.logDir, fmt.Sprintf("w%d.log", i)))
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 }
 
 // stop stops every worker (SIGTERM, then SIGKILL after 5 s).
@@ -196,6 +231,21 @@ func (f *llmdFleet) stop() error {
 	f.procs = nil
 	return errors.Join(errs...)
 }
+
+// Restart kills worker i, as a crash would, and starts it again on its port with an empty
+// cache and counters from zero; the requests it was serving fail.
+func (f *llmdFleet) Restart(ctx context.Context, i int) error {
+	if cmd := f.procs[i]; cmd != nil && cmd.Process != nil {
+		cmd.Process.Kill()
+		cmd.Wait()
+	}
+	if err := f.startOne(i); err != nil {
+		return err
+	}
+	return f.waitHealthy(ctx, i, time.Now().Add(30*time.Second))
+}
+
+func (f *llmdFleet) PrefillSpeeds() []float64 { return f.prefill }
 
 func (f *llmdFleet) Kind() string        { return "llm-d-inference-sim" }
 func (f *llmdFleet) Addrs() []string     { return f.addrs }

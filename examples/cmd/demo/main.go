@@ -62,6 +62,9 @@ func run(ctx context.Context, cfg *config) error {
 	if cfg.replicas > 0 {
 		policies = expandReplicas(policies, cfg.replicas, cfg.outage > 0, cfg.late > 0)
 	}
+	if cfg.compareTelemetry {
+		policies = withTelemetryOff(policies)
+	}
 	for _, n := range notes {
 		fmt.Println("note:", n)
 	}
@@ -81,6 +84,9 @@ func run(ctx context.Context, cfg *config) error {
 		fmt.Printf("fleet: %d %s workers at %v, %d KV blocks of %d tokens each (fleet %d)\n",
 			len(fl.Addrs()), fl.Kind(), fl.Addrs(), fl.CapacityBlocks()/len(fl.Addrs()),
 			fl.BlockTokens(), fl.CapacityBlocks())
+		if cfg.slow > 0 {
+			fmt.Printf("slow workers (%g× the prefill and decode time): %s\n", cfg.slowFactor, slowNames(cfg.workers, cfg.slow))
+		}
 		fmt.Printf("workload: %s, %d sessions, %d calls; %s\n\n", w.Name, len(w.Sessions), w.Calls(), cfg.loopDescription())
 
 		if cfg.walkthrough && bin.has(moduleKV) {
@@ -108,6 +114,8 @@ func run(ctx context.Context, cfg *config) error {
 			out.Notes = append(notes, footnotes(results, cfg)...)
 			fmt.Println()
 			printComparison(os.Stdout, results, fl.Addrs(), cfg)
+			printLearned(os.Stdout, results, b.extras, cfg)
+			pairedRatios(os.Stdout, results, b.extras)
 		}
 	}
 	if cfg.overhead {

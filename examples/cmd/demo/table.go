@@ -139,6 +139,12 @@ func footnotes(results []*policyResult, cfg *config) []string {
 		"hit ratio: cached / prompt tokens as the workers reported them; hit/ref: hit ratio / reference, per run;",
 		"imbalance: max / mean requests per worker (1 = even); workers in the order " + workerOrder(cfg.workers) + ".",
 	}
+	if cfg.slow > 0 {
+		notes = append(notes, fmt.Sprintf("slow workers: %s, %g× the prefill and decode time of the others.", slowNames(cfg.workers, cfg.slow), cfg.slowFactor))
+	}
+	if cfg.restartAt > 0 {
+		notes = append(notes, fmt.Sprintf("w0 restarted with an empty cache %v into each run.", cfg.restartAt))
+	}
 	for _, r := range results {
 		if r.Policy != "header" {
 			continue
