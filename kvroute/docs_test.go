@@ -28,7 +28,7 @@ func TestDocsCaddyfilesAdapt(t *testing.T) {
 	for _, doc := range docs {
 		for _, b := range caddyfileBlocks(t, doc) {
 			blocks++
-			adapt(t, b.where, b.text)
+			t.Run(b.where, func(t *testing.T) { adapt(t, b.where, b.text) })
 		}
 	}
 	if blocks < 2 {
@@ -41,7 +41,7 @@ func TestDocsCaddyfilesAdapt(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		adapt(t, f, string(text))
+		t.Run(f, func(t *testing.T) { adapt(t, f, string(text)) })
 	}
 }
 
@@ -80,7 +80,9 @@ func caddyfileBlocks(t *testing.T, path string) []docBlock {
 // "# Environment: NAME[, NAME...]" followed by anything.
 var documentedEnv = regexp.MustCompile(`(?m)^\s*#\s*Environment:\s*([A-Z_][A-Z0-9_]*(?:\s*,\s*[A-Z_][A-Z0-9_]*)*)`)
 
-// adapt runs what `caddy fmt`, `caddy adapt` and `caddy validate` do to text.
+// adapt runs what `caddy fmt`, `caddy adapt` and `caddy validate` do to text. Each file or
+// block runs as a subtest of its own, so that the variables one documents are unset again for
+// the next: a Caddyfile that needs a variable it does not document fails.
 func adapt(t *testing.T, where, text string) {
 	t.Helper()
 	if formatted := caddyfile.Format([]byte(text)); !bytes.Equal(formatted, []byte(text)) {
