@@ -78,9 +78,17 @@ func (b *bench) runOnce(ctx context.Context, p policy) (*replay.Result, error) {
 		}
 		restart = b.restartDuring(ctx, replayEnded, kvAdmin, time.Now(), b.cfg.restartAt)
 	}
+	var stopSampler func() *externalSampler
+	if admin > 0 && telemetryOn(p) {
+		stopSampler = sampleExternal(ctx, admin, 250*time.Millisecond)
+	}
 	side := startSideLoad(ctx, b.fleet.Addrs()[0], b.cfg.sideLoad)
 	res, err := replay.Run(ctx, b.workload, opts)
 	side.stop()
+	var external *externalSampler
+	if stopSampler != nil {
+		external = stopSampler()
+	}
 	close(replayEnded)
 	extra := &runExtras{}
 	if restart != nil {
@@ -129,6 +137,9 @@ func (b *bench) runOnce(ctx context.Context, p policy) (*replay.Result, error) {
 			fmt.Printf("\n  %s\n  ", l)
 		} else {
 			fmt.Fprintln(os.Stderr, "warning: reading what kv_cache_aware learned:", lerr)
+		}
+		if external != nil {
+			fmt.Printf("%s\n  ", external)
 		}
 		if st, serr := readStatus(ctx, admin); serr == nil {
 			addrs := b.fleet.Addrs()
@@ -180,8 +191,8 @@ func (b *bench) startCaddyPorts(ctx context.Context, p policy, ports []int) (*ca
 }
 
 // compare runs every policy -repeats times and returns their results, in table order. With
-// -compare-telemetry the repeats alternate the policies (each repeat runs every policy once), so
-// that a drift in the machine's load falls on both sides of each same-run ratio.
+// -compare-telemetry the repeats alternate the policies (each repeat runs every policy once, in
+// ABBA order), so that a drift in the machine's load falls on both sides of each same-run ratio.
 func (b *bench) compare(ctx context.Context, policies []policy) ([]*policyResult, error) {
 	if b.extras == nil {
 		b.extras = map[*replay.Result]*runExtras{}
@@ -206,8 +217,15 @@ func (b *bench) compare(ctx context.Context, policies []policy) ([]*policyResult
 	}
 	var err error
 	if b.cfg.compareTelemetry {
+		// Every other repeat runs the policies in reverse order (ABBA), so that whatever a
+		// run leaves behind for the next (the previous Caddy's exit, a warmer machine) falls
+		// on each side as often.
 		for rep := 0; rep < b.cfg.repeats && err == nil; rep++ {
-			for i := 0; i < len(policies) && err == nil; i++ {
+			for k := 0; k < len(policies) && err == nil; k++ {
+				i := k
+				if rep%2 == 1 {
+					i = len(policies) - 1 - k
+				}
 				err = one(i, rep)
 			}
 		}
