@@ -309,6 +309,11 @@ func (h clusterHandler) Reading(r cluster.EngineReading) {
 	h.s.adoptReading(r)
 }
 
+// Learned: a peer that owns an engine learned from its totals (learn.go, adoptLearned).
+func (h clusterHandler) Learned(l cluster.EngineLearned) {
+	h.s.adoptLearned(l)
+}
+
 // describeCluster is how a conflicting cluster option is named in an error: never the secret,
 // nor credentials given in a URL.
 func describeCluster(c *cluster.Config) string {
@@ -331,4 +336,5 @@ func describeCluster(c *cluster.Config) string {
 var (
 	_ cluster.Handler        = clusterHandler{}
 	_ cluster.ReadingHandler = clusterHandler{}
+	_ cluster.LearnedHandler = clusterHandler{}
 )
