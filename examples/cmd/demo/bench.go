@@ -21,6 +21,8 @@ type bench struct {
 	// extras are the runs' scenario figures (-restart-at, what kv_cache_aware learned), for
 	// the same-run ratios after the table.
 	extras map[*replay.Result]*runExtras
+	// ownChars is the fleet's own chars per token on the workload (fleetCharsPerToken).
+	ownChars float64
 }
 
 // runOnce replays the workload once through a fresh Caddy with policy p on a fleet with empty
@@ -131,9 +133,7 @@ func (b *bench) runOnce(ctx context.Context, p policy) (*replay.Result, error) {
 	}
 	if err == nil && admin > 0 && telemetryOn(p) {
 		if l, lerr := learnedReport(admin, b.fleet.Addrs()); lerr == nil {
-			if b.cfg.fleet == "llmd" {
-				l += fmt.Sprintf("\n  llm-d's own count on this workload: %.2f chars per token", llmdCharsPerToken(b.workload, b.fleet.BlockTokens()))
-			}
+			l += fmt.Sprintf("\n  %s's own count on this workload: %.3f chars per token", b.fleet.Kind(), b.fleetCharsPerToken())
 			fmt.Printf("\n  %s\n  ", l)
 		} else {
 			fmt.Fprintln(os.Stderr, "warning: reading what kv_cache_aware learned:", lerr)

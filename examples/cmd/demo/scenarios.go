@@ -353,7 +353,7 @@ func medianSpan(xs []float64) (med, lo, hi float64) {
 
 // printLearned prints, over the runs of kv_cache_aware with telemetry, the medians (min-max) of
 // what it learned: chars per token and each worker's prefill speed over its configured one.
-func printLearned(w io.Writer, results []*policyResult, extras map[*replay.Result]*runExtras, cfg *config) {
+func printLearned(w io.Writer, results []*policyResult, extras map[*replay.Result]*runExtras, cfg *config, own float64) {
 	for _, pr := range results {
 		var chars []float64
 		var ratios [][]float64
@@ -380,7 +380,8 @@ func printLearned(w io.Writer, results []*policyResult, extras map[*replay.Resul
 		fmt.Fprintf(w, "\n%s learned, over %d runs (median, min-max):\n", pr.Label, len(pr.Runs))
 		if len(chars) > 0 {
 			m, lo, hi := medianSpan(chars)
-			fmt.Fprintf(w, "  chars per token %.2f (%.2f-%.2f)\n", m, lo, hi)
+			fmt.Fprintf(w, "  chars per token %.3f (%.3f-%.3f); the engines' own %.3f: %+.1f%% (%+.1f%% to %+.1f%%)\n",
+				m, lo, hi, own, 100*(m/own-1), 100*(lo/own-1), 100*(hi/own-1))
 		} else {
 			fmt.Fprintln(w, "  chars per token: not learned (4 used)")
 		}
