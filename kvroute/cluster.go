@@ -334,6 +334,11 @@ func (h clusterHandler) Reading(r cluster.EngineReading) {
 	h.s.adoptReading(r)
 }
 
+// Learned: a peer that owns an engine learned from its totals (learn.go, adoptLearned).
+func (h clusterHandler) Learned(l cluster.EngineLearned) {
+	h.s.adoptLearned(l)
+}
+
 // describeCluster is how a conflicting cluster option is named in an error: never the secret,
 // nor credentials given in a URL.
 func describeCluster(c *cluster.Config) string {
@@ -357,4 +362,5 @@ var (
 	_ cluster.Handler        = clusterHandler{}
 	_ cluster.ReadingHandler = clusterHandler{}
 	_ cluster.PrefillSource  = clusterHandler{}
+	_ cluster.LearnedHandler = clusterHandler{}
 )

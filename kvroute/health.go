@@ -263,7 +263,8 @@ type attempt struct {
 	had     bool
 	judged  atomic.Bool // its outcome was taken in
 	// The routing text the attempt sends (its model, chars and the chars the trees predicted
-	// the upstream held), counted in what the upstream was sent once its engine served it.
+	// the upstream held), counted in what the upstream was sent at the decision and taken
+	// back when the engine refused it or never got it.
 	model          string
 	chars, matched int
 }
@@ -323,8 +324,8 @@ const statusKey = "http.reverse_proxy.status_code"
 
 // served reports whether the answered attempt's status says its engine took the request in
 // (2xx). A refusal (a 429, a 400, a 500 for KV blocks that do not fit) was never prefilled: its
-// text is in none of the engine's prompt-token totals, and counting it as sent biases the chars
-// per token learned from them.
+// text is in none of the engine's prompt-token totals, and leaving it in what the upstream was
+// sent biases the chars per token learned from them.
 func served(repl *caddy.Replacer) bool {
 	v, ok := repl.Get(statusKey)
 	if !ok {
@@ -386,14 +387,20 @@ func (s *state) judge(repl *caddy.Replacer, a *attempt, ended bool, err error) {
 		return
 	}
 	if a.answered(repl) {
-		if served(repl) {
-			a.u.learn.sent.sent(a.model, a.chars, a.matched)
+		if !served(repl) {
+			a.u.learn.sent.unsent(a.chars, a.matched)
 		}
 		s.healthy(a.u, false, "response")
 		return
 	}
 	if ended && err == nil {
 		return // no answer and no error: the client went away (Caddy logs a 499)
+	}
+	// Caddy retries a POST only when it could not send it (a dial error), unless lb_retry_match
+	// says otherwise; either way the engine never got this one.
+	var dial reverseproxy.DialError
+	if !ended || errors.As(err, &dial) {
+		a.u.learn.sent.unsent(a.chars, a.matched)
 	}
 	if reason := upstreamFault(a, err); reason != "" {
 		s.fail(a.u, reason)

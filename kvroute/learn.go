@@ -5,10 +5,12 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
+	"github.com/kvroute/caddy-kvroute/kvroute/cluster"
 	"github.com/kvroute/caddy-kvroute/kvroute/telemetry"
 )
 
@@ -50,10 +52,12 @@ const (
 	maxLearnedModels = 256
 )
 
-// sentCounts are what this router sent an upstream and its engine served (a 2xx: a refused
-// request was never prefilled, and is in none of the engine's totals): requests, their
+// sentCounts are what this router sent an upstream and its engine took in: requests, their
 // routing-text chars and the chars it predicted the upstream held (the matched prefix), since
-// the upstream appeared. A request counts when it ends (judge).
+// the upstream appeared. A request counts at its decision, as the engine counts it when it
+// starts (counting it when it ends would put the requests in flight in the engine's count and
+// not the router's: 5% of a short run's); one the engine refused (a non-2xx: never prefilled,
+// in none of its totals) or never got (a dial error) is taken back when its outcome is known.
 type sentCounts struct {
 	requests atomic.Int64
 	chars    atomic.Int64
@@ -64,7 +68,7 @@ type sentCounts struct {
 	mixed atomic.Bool
 }
 
-// sent counts one request the upstream served (the request path: atomics only).
+// sent counts one decision for u (the request path: atomics only).
 func (c *sentCounts) sent(model string, chars, matched int) {
 	c.requests.Add(1)
 	c.chars.Add(int64(chars))
@@ -75,6 +79,14 @@ func (c *sentCounts) sent(model string, chars, matched int) {
 		}
 		c.model.Store(&model)
 	}
+}
+
+// unsent takes back a request sent that the engine did not take in (health.go, judge). The
+// model's mixed flag stays: it was sent.
+func (c *sentCounts) unsent(chars, matched int) {
+	c.requests.Add(-1)
+	c.chars.Add(-int64(chars))
+	c.matched.Add(-int64(matched))
 }
 
 // upstreamLearn is what an upstream's engine taught: owned by the upstream's scrape goroutine
@@ -89,6 +101,13 @@ type upstreamLearn struct {
 	lastRaw  int64    // the engine's load beyond this router's at the previous reading
 
 	figures atomic.Pointer[learnedFigures]
+	// restartedAt is when the engine's latest restart was seen, here or by the peer that reads
+	// it (unix nanoseconds; 0: none).
+	restartedAt atomic.Int64
+	// peer is what the cluster replica that reads the engine learned (adoptLearned); shared
+	// what this replica published last (shareLearned, the scrape goroutine's).
+	peer   atomic.Pointer[cluster.EngineLearned]
+	shared cluster.EngineLearned
 	// Totals of the engine's deltas, for the metrics (float64 bits).
 	engPrompt, engQueries, engHits, routed, predicted atomicFloat
 	restarts, anomalies                               atomic.Uint64
@@ -105,6 +124,8 @@ type learnedFigures struct {
 	PrefillLearned         bool    `json:"prefill_learned"`
 	DecodeTokensPerSecond  float64 `json:"decode_tokens_per_second,omitempty"`
 	DecodeLearned          bool    `json:"decode_learned"`
+	// FromPeer: the speeds are those the cluster replica that reads the engine learned.
+	FromPeer bool `json:"from_peer,omitempty"`
 	// EngineHitRatio is the engine's own prefix-cache hit ratio over the latest interval that
 	// queried its cache; PredictedHitRatio what the router predicted for what it sent there
 	// in that interval (matched chars over routing chars).
@@ -196,6 +217,7 @@ func (s *state) learnFrom(u *upstreamState, cur *telemetry.Snapshot) {
 		l.anomalies.Add(1)
 	}
 	if d != nil && d.Restart {
+		l.restartedAt.Store(time.Now().UnixNano())
 		l.restarts.Add(1)
 		l.prefill, l.decode = nil, nil
 		s.engineRestarted(cur.Key)
@@ -217,7 +239,7 @@ func (s *state) learnFrom(u *upstreamState, cur *telemetry.Snapshot) {
 			l.engHits.add(d.CacheHits)
 			f.EngineHitRatio = &r
 			if dSent[1] > 0 {
-				p := min(1, float64(dSent[2])/float64(dSent[1]))
+				p := min(1, max(0, float64(dSent[2])/float64(dSent[1])))
 				f.PredictedHitRatio = &p
 			}
 		}
@@ -233,6 +255,15 @@ func (s *state) learnFrom(u *upstreamState, cur *telemetry.Snapshot) {
 	}
 	if v, ok := median(l.decode); ok {
 		f.DecodeTokensPerSecond, f.DecodeLearned = v, true
+	}
+	if p := l.peer.Load(); p != nil && !f.PrefillLearned && !f.DecodeLearned && time.Since(p.At) < peerLearnedLifetime {
+		// A replica that adopts the owner's readings gets no totals, so learns nothing.
+		f.PrefillTokensPerSecond, f.PrefillLearned = p.PrefillTokensPerSecond, p.PrefillTokensPerSecond > 0
+		if !f.PrefillLearned {
+			f.PrefillTokensPerSecond = prior
+		}
+		f.DecodeTokensPerSecond, f.DecodeLearned = p.DecodeTokensPerSecond, p.DecodeTokensPerSecond > 0
+		f.FromPeer = true
 	}
 	if m := l.sent.model.Load(); m != nil && !mixed {
 		f.Model = *m
@@ -319,6 +350,81 @@ func pushInterval(w []charsInterval, v charsInterval) []charsInterval {
 		w = append(w[:0], w[len(w)-charsWindow+1:]...)
 	}
 	return append(w, v)
+}
+
+// Sharing learned figures in a cluster (cluster.EngineLearned).
+const (
+	// peerLearnedLifetime: a peer's figures stand this long after it learned them (its owner
+	// republishes them at least every learnedRefresh while it reads the engine).
+	peerLearnedLifetime = time.Minute
+	learnedRefresh      = 10 * time.Second
+	// peerRestartWindow: a restart a peer saw longer ago than this drops no share here (a
+	// replica that joins later learns of it without forgetting what came after).
+	peerRestartWindow = time.Minute
+)
+
+// shareLearned publishes what this replica learned of an engine it owns (from the target's
+// goroutine, after observe): when a speed moved by more than limitsChange, on a new restart, and
+// every learnedRefresh.
+func (s *state) shareLearned(cur *telemetry.Snapshot) {
+	n := s.node()
+	if n == nil || cur.Outcome != telemetry.OutcomeOK || cur.FromPeer || !n.Owns(cur.Key) {
+		return
+	}
+	v, ok := s.upstreams.Load(cur.Key)
+	if !ok {
+		return
+	}
+	l := &v.(*upstreamState).learn
+	f := l.figures.Load()
+	if f == nil || f.FromPeer {
+		return
+	}
+	e := cluster.EngineLearned{Upstream: cur.Key, At: cur.Reading.At}
+	if f.PrefillLearned {
+		e.PrefillTokensPerSecond = f.PrefillTokensPerSecond
+	}
+	if f.DecodeLearned {
+		e.DecodeTokensPerSecond = f.DecodeTokensPerSecond
+	}
+	if at := l.restartedAt.Load(); at > 0 {
+		e.RestartedAt = time.Unix(0, at)
+	}
+	if e.PrefillTokensPerSecond == 0 && e.DecodeTokensPerSecond == 0 && e.RestartedAt.IsZero() {
+		return
+	}
+	moved := func(a, b float64) bool { return math.Abs(a-b) > limitsChange*math.Max(a, b) }
+	last := l.shared
+	if !last.At.IsZero() && e.At.Sub(last.At) < learnedRefresh && e.RestartedAt.Equal(last.RestartedAt) &&
+		!moved(e.PrefillTokensPerSecond, last.PrefillTokensPerSecond) && !moved(e.DecodeTokensPerSecond, last.DecodeTokensPerSecond) {
+		return
+	}
+	l.shared = e
+	n.PublishLearned(e)
+}
+
+// adoptLearned takes in what the peer that reads an engine learned (the cluster's Handler): its
+// speeds stand in for this replica's while it learns none itself, and a restart it saw drops the
+// engine's share of this replica's trees too, once.
+func (s *state) adoptLearned(e cluster.EngineLearned) {
+	v, ok := s.upstreams.Load(e.Upstream)
+	if !ok {
+		return
+	}
+	u := v.(*upstreamState)
+	l := &u.learn
+	l.peer.Store(&e)
+	if e.RestartedAt.IsZero() || time.Since(e.RestartedAt) > peerRestartWindow {
+		return
+	}
+	at := e.RestartedAt.UnixNano()
+	// The same restart seen here already, or relayed with a clock offset: within a second.
+	if prev := l.restartedAt.Load(); at <= prev+int64(time.Second) {
+		return
+	}
+	l.restartedAt.Store(at)
+	l.restarts.Add(1)
+	s.engineRestarted(e.Upstream)
 }
 
 // engineRestarted drops the upstream's share of every tree: its engine came back with an
@@ -409,9 +515,9 @@ var (
 	descEngineHits = prometheus.NewDesc(ns+"_"+sub+"_engine_cache_hits_total",
 		"Prompt tokens the upstream's engine found in its prefix cache, from its telemetry intervals: over engine_cache_queries_total, its own hit ratio.", []string{"upstream"}, nil)
 	descRouted = prometheus.NewDesc(ns+"_"+sub+"_routed_chars_total",
-		"Chars of routing text this router sent the upstream that its engine served (2xx), counted as each request ends.", []string{"upstream"}, nil)
+		"Chars of routing text this router sent the upstream, less those of requests its engine refused (a non-2xx) or never got.", []string{"upstream"}, nil)
 	descPredicted = prometheus.NewDesc(ns+"_"+sub+"_predicted_cached_chars_total",
-		"Chars of the routing text the upstream served (routed_chars_total) that the router predicted it held: over routed_chars_total, the predicted hit ratio.", []string{"upstream"}, nil)
+		"Chars of the routing text sent the upstream (routed_chars_total) that the router predicted it held: over routed_chars_total, the predicted hit ratio.", []string{"upstream"}, nil)
 	descAnomalies = prometheus.NewDesc(ns+"_"+sub+"_telemetry_anomalies_total",
 		"Telemetry intervals of the upstream left partly or wholly out (a total that wobbled back, a family gone, another model, an absurd rate, changed buckets).", []string{"upstream"}, nil)
 )

@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvroute/caddy-kvroute/kvroute/cluster"
 	"github.com/kvroute/caddy-kvroute/kvroute/llmreq"
 )
 
@@ -283,5 +284,55 @@ func TestCharsPerTokenCountsAnsweredRequestsOnly(t *testing.T) {
 	}
 	if refused == 0 {
 		t.Fatal("the engine refused no request")
+	}
+}
+
+// TestPeerLearnedFigures: in a cluster, the replica that reads an engine shares what it learned
+// (cluster.EngineLearned, handed to adoptLearned by the cluster's Handler). A restart it saw
+// drops the engine's share of this replica's trees too, once, and not when it is old news; its
+// speeds stand in for this replica's, which learns none from adopted readings.
+func TestPeerLearnedFigures(t *testing.T) {
+	// Engines whose prefill takes no time teach no speed here: what stands is the peer's.
+	e := newCountingEngine(t, "u1", 4, math.Inf(1))
+	keep := newCountingEngine(t, "u2", 4, math.Inf(1))
+	startCaddy(t, proxyConfig(fleet{e.backend, keep.backend}, "", `telemetry {
+				interval 100ms
+				timeout 100ms
+			}`, ""))
+	client := newClient(t, 10*time.Second)
+	s := currentState()
+	for i := 0; s.forest.TenantChars(e.addr()) == 0 || s.forest.TenantChars(keep.addr()) == 0; i++ {
+		if i == 200 {
+			t.Fatal("the requests did not spread over both upstreams")
+		}
+		_, resp := send(t, client, baseURL+"/v1/chat/completions", chatBody("peer-m", coldPrompt(i)+strings.Repeat(" more", 50)), "X-Session-Id", fmt.Sprintf("s%d", i))
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("status %d", resp.StatusCode)
+		}
+	}
+	kept := s.forest.TenantChars(keep.addr())
+	now := time.Now()
+	// Old news: a restart a minute and more ago drops nothing.
+	s.adoptLearned(cluster.EngineLearned{Upstream: keep.addr(), At: now, RestartedAt: now.Add(-2 * time.Minute)})
+	s.adoptLearned(cluster.EngineLearned{Upstream: e.addr(), At: now, RestartedAt: now.Add(-time.Second), PrefillTokensPerSecond: 1234})
+	if got := s.forest.TenantChars(e.addr()); got != 0 {
+		t.Errorf("the restarted engine keeps %d chars of the trees", got)
+	}
+	if got := s.forest.TenantChars(keep.addr()); got != kept {
+		t.Errorf("an old restart changed the other upstream's share from %d to %d chars", kept, got)
+	}
+	// The same restart again (a later message, or relayed by a new owner with its clock) is
+	// not another one.
+	_, resp := send(t, client, baseURL+"/v1/chat/completions", chatBody("peer-m", coldPrompt(1000)+strings.Repeat(" more", 50)), "X-Session-Id", "s0")
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("status %d", resp.StatusCode)
+	}
+	s.adoptLearned(cluster.EngineLearned{Upstream: e.addr(), At: now.Add(time.Second), RestartedAt: now.Add(-500 * time.Millisecond), PrefillTokensPerSecond: 1234})
+	waitUntil(t, 5*time.Second, func() bool {
+		l := upstreamStatus(t, e.addr()).Learned
+		return l.Restarts == 1 && l.FromPeer && l.PrefillTokensPerSecond == 1234 && l.PrefillLearned
+	}, "the peer's restart counted once and its speed standing in")
+	if st := upstreamStatus(t, keep.addr()).Learned; st.Restarts != 0 {
+		t.Errorf("an old restart counted: %+v", st)
 	}
 }

@@ -537,6 +537,7 @@ func (p *KVCacheAware) count(c *candidate, req *llmRequest, path int) {
 	if c != nil {
 		addr = c.up.Dial
 		c.st.decisions[path].Add(1)
+		c.st.learn.sent.sent(req.Model, req.Runes, matched)
 		if req.Runes > 0 {
 			metrics.matchRatio.Observe(ratio)
 		}

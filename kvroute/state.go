@@ -570,8 +570,8 @@ func (s *state) limitsLocked(maxChars int64) tree.Limits {
 
 // tenantBound returns the chars the tree remembers for an upstream whose KV cache holds tokens
 // tokens: 1.5 × its capacity at charsPerToken, the chars per token learned for the model it is
-// sent (4 until learned: on llm-d's simulator, whose tokenizer counts about 7 chars per token on
-// the Mooncake trace, 4 made the trees forget prefixes the engine still held). The tree cannot see what the worker evicts;
+// sent (4 until learned: on llm-d's simulator, whose tokenizer counts 5.2 chars of routing text
+// per token on the Mooncake trace, 4 made the trees forget prefixes the engine still held). The tree cannot see what the worker evicts;
 // forgetting a prefix the worker still holds sends its next request elsewhere to prefill it
 // again, remembering one the worker dropped costs that one request a cold prefill on a worker
 // that likely still holds its shorter prefixes. Measured on the demo (3 runs each,

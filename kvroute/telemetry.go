@@ -254,6 +254,7 @@ func (s *state) syncTelemetry() {
 			Observe: func(prev, cur *telemetry.Snapshot) {
 				s.observe(conf.interval, prev, cur)
 				s.shareReading(cur)
+				s.shareLearned(cur)
 			},
 			Skip: func(key string) bool { return s.skipScrape(key, conf.interval) },
 		})

@@ -38,6 +38,10 @@ func (r *recorder) Reading(er EngineReading) {
 	r.add(fmt.Sprintf("reading %s %s run %d wait %d kv %d known %d failed %v", er.Upstream, er.Engine, er.Running, er.Waiting, er.KVCapacityTokens, er.Known, er.Failed))
 }
 
+func (r *recorder) Learned(l EngineLearned) {
+	r.add(fmt.Sprintf("learned %s prefill %v decode %v restarted %v", l.Upstream, l.PrefillTokensPerSecond, l.DecodeTokensPerSecond, !l.RestartedAt.IsZero()))
+}
+
 func (r *recorder) got() []string {
 	r.mu.Lock()
 	defer r.mu.Unlock()

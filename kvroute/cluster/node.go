@@ -115,7 +115,7 @@ type Node struct {
 
 // item is one thing to publish; the fields' meaning depends on kind.
 type item struct {
-	kind    byte // recDecision, recBinding, recForget, recReset, recReading (a: the record)
+	kind    byte // recDecision, recBinding, recForget, recReset, recReading, recLearned (a: the record)
 	a, b, c string
 	at      int64 // binding: when it was made, unix nanoseconds
 }

@@ -501,6 +501,8 @@ func (n *Node) apply(p *peer, kind byte, h header, r *record, now time.Time, sp 
 		n.reassemble(p, kind, h, &r.frag, now, sp)
 	case recReading:
 		n.applyReading(r.reading, time.Unix(0, h.nanos), now)
+	case recLearned:
+		n.applyLearned(r.learned, time.Unix(0, h.nanos), now)
 	}
 }
 

@@ -205,12 +205,17 @@ func (n *Node) flusher() {
 		batch.Stop()
 	}
 	handle := func(it item) {
-		if it.kind == recReading {
-			// A message of its own (reading.go), not logged for catch-up: it ages in seconds.
+		if it.kind == recReading || it.kind == recLearned {
+			// A message of its own (reading.go, learned.go), not logged for catch-up: it
+			// ages in seconds.
 			rp := n.newPacker(kindData, n.prefix+"data")
 			rp.add([]byte(it.a))
 			rp.flush()
-			n.st.readingsSent.Add(1)
+			if it.kind == recReading {
+				n.st.readingsSent.Add(1)
+			} else {
+				n.st.learnedSent.Add(1)
+			}
 			return
 		}
 		start()

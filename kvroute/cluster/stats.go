@@ -24,6 +24,8 @@ type counters struct {
 	duplicates                                  atomic.Uint64
 	readingsSent, readingsReceived              atomic.Uint64
 	readingsRejected                            atomic.Uint64
+	learnedSent, learnedReceived                atomic.Uint64
+	learnedRejected                             atomic.Uint64
 }
 
 // Stats is a snapshot of a node's counters, for the admin API and metrics. Counters only grow.
@@ -83,6 +85,10 @@ type Stats struct {
 	ReadingsSent     uint64 `json:"readings_sent"`
 	ReadingsReceived uint64 `json:"readings_received"`
 	ReadingsRejected uint64 `json:"readings_rejected"`
+	// Learned figures (learned.go): published, applied from peers, rejected for bad values.
+	LearnedSent     uint64 `json:"learned_sent"`
+	LearnedReceived uint64 `json:"learned_received"`
+	LearnedRejected uint64 `json:"learned_rejected"`
 
 	Disconnects uint64      `json:"disconnects"`
 	Peers       []PeerStats `json:"peers"`
@@ -158,6 +164,9 @@ func (n *Node) Stats() Stats {
 		ReadingsSent:        c.readingsSent.Load(),
 		ReadingsReceived:    c.readingsReceived.Load(),
 		ReadingsRejected:    c.readingsRejected.Load(),
+		LearnedSent:         c.learnedSent.Load(),
+		LearnedReceived:     c.learnedReceived.Load(),
+		LearnedRejected:     c.learnedRejected.Load(),
 	}
 	s.LogBytes, s.LogEntries = n.own.size()
 	if nc := n.nc.Load(); nc != nil && nc.IsConnected() {

@@ -369,6 +369,7 @@ type record struct {
 	lost    bool // sync request: the requester dropped what it published before connecting
 	frag    fragment
 	reading EngineReading // recReading (reading.go)
+	learned EngineLearned // recLearned (learned.go)
 }
 
 type peerCount struct {
@@ -543,6 +544,8 @@ func decodeRecords(plain []byte, version byte, maxText int, fn func(*record)) er
 			}
 		case recReading:
 			decodeReading(&r, &rec)
+		case recLearned:
+			decodeLearned(&r, &rec)
 		default:
 			r.fail(fmt.Errorf("record type %d: %w", rec.typ, errMalformed))
 		}

@@ -21,6 +21,8 @@ type bench struct {
 	// extras are the runs' scenario figures (-restart-at, what kv_cache_aware learned), for
 	// the same-run ratios after the table.
 	extras map[*replay.Result]*runExtras
+	// ownChars is the fleet's own chars per token on the workload (fleetCharsPerToken).
+	ownChars float64
 }
 
 // runOnce replays the workload once through a fresh Caddy with policy p on a fleet with empty
@@ -78,9 +80,19 @@ func (b *bench) runOnce(ctx context.Context, p policy) (*replay.Result, error) {
 		}
 		restart = b.restartDuring(ctx, replayEnded, kvAdmin, time.Now(), b.cfg.restartAt)
 	}
+	var stopSampler func() *externalSampler
+	if admin > 0 && p.Module == "kv_cache_aware" {
+		// With telemetry off too, where it reads nothing but costs Caddy the same: the
+		// same-run ratios compare like with like.
+		stopSampler = sampleExternal(ctx, admin, 250*time.Millisecond)
+	}
 	side := startSideLoad(ctx, b.fleet.Addrs()[0], b.cfg.sideLoad)
 	res, err := replay.Run(ctx, b.workload, opts)
 	side.stop()
+	var external *externalSampler
+	if stopSampler != nil {
+		external = stopSampler()
+	}
 	close(replayEnded)
 	extra := &runExtras{}
 	if restart != nil {
@@ -123,12 +135,13 @@ func (b *bench) runOnce(ctx context.Context, p policy) (*replay.Result, error) {
 	}
 	if err == nil && admin > 0 && telemetryOn(p) {
 		if l, lerr := learnedReport(admin, b.fleet.Addrs()); lerr == nil {
-			if b.cfg.fleet == "llmd" {
-				l += fmt.Sprintf("\n  llm-d's own count on this workload: %.2f chars per token", llmdCharsPerToken(b.workload, b.fleet.BlockTokens()))
-			}
+			l += fmt.Sprintf("\n  %s's own count on this workload: %.3f chars per token", b.fleet.Kind(), b.fleetCharsPerToken())
 			fmt.Printf("\n  %s\n  ", l)
 		} else {
 			fmt.Fprintln(os.Stderr, "warning: reading what kv_cache_aware learned:", lerr)
+		}
+		if external != nil {
+			fmt.Printf("%s\n  ", external)
 		}
 		if st, serr := readStatus(ctx, admin); serr == nil {
 			addrs := b.fleet.Addrs()
@@ -180,8 +193,8 @@ func (b *bench) startCaddyPorts(ctx context.Context, p policy, ports []int) (*ca
 }
 
 // compare runs every policy -repeats times and returns their results, in table order. With
-// -compare-telemetry the repeats alternate the policies (each repeat runs every policy once), so
-// that a drift in the machine's load falls on both sides of each same-run ratio.
+// -compare-telemetry the repeats alternate the policies (each repeat runs every policy once, in
+// ABBA order), so that a drift in the machine's load falls on both sides of each same-run ratio.
 func (b *bench) compare(ctx context.Context, policies []policy) ([]*policyResult, error) {
 	if b.extras == nil {
 		b.extras = map[*replay.Result]*runExtras{}
@@ -206,8 +219,15 @@ func (b *bench) compare(ctx context.Context, policies []policy) ([]*policyResult
 	}
 	var err error
 	if b.cfg.compareTelemetry {
+		// Every other repeat runs the policies in reverse order (ABBA), so that whatever a
+		// run leaves behind for the next (the previous Caddy's exit, a warmer machine) falls
+		// on each side as often.
 		for rep := 0; rep < b.cfg.repeats && err == nil; rep++ {
-			for i := 0; i < len(policies) && err == nil; i++ {
+			for k := 0; k < len(policies) && err == nil; k++ {
+				i := k
+				if rep%2 == 1 {
+					i = len(policies) - 1 - k
+				}
 				err = one(i, rep)
 			}
 		}

@@ -10,6 +10,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kvroute/caddy-kvroute/examples/llmsim"
+	"github.com/kvroute/caddy-kvroute/examples/replay"
 	"github.com/kvroute/caddy-kvroute/examples/workload"
 	"github.com/kvroute/caddy-kvroute/kvroute/llmreq"
 )
@@ -106,6 +108,12 @@ func learnedReport(admin int, addrs []string) (string, error) {
 // kvroute extracts from each call's body over the tokens the simulator's dummy tokenizer counts
 // for it, over every call. It is what kv_cache_aware should learn on an llmd fleet.
 func llmdCharsPerToken(w workload.Workload, blockTokens int) float64 {
+	return engineCharsPerToken(w, func(c workload.Call) llmsim.Prompt { return llmdPrompt(c, blockTokens) })
+}
+
+// engineCharsPerToken is a fleet's own chars per token on a workload: kvroute's routing text of
+// every call over the prompt tokens prompt says the engine counts for it.
+func engineCharsPerToken(w workload.Workload, prompt func(workload.Call) llmsim.Prompt) float64 {
 	var chars, tokens float64
 	for _, s := range w.Sessions {
 		for _, c := range s.Calls {
@@ -115,11 +123,25 @@ func llmdCharsPerToken(w workload.Workload, blockTokens int) float64 {
 				continue
 			}
 			chars += float64(llmreq.Parse(body, false).Runes)
-			tokens += float64(llmdPrompt(c, blockTokens).Tokens)
+			tokens += float64(prompt(c).Tokens)
 		}
 	}
 	if tokens == 0 {
 		return 0
 	}
 	return chars / tokens
+}
+
+// fleetCharsPerToken is the fleet's own chars per token on the workload (llmd: its dummy
+// tokenizer's; sim: llmsim's 4 chars per token of the text it renders).
+func (b *bench) fleetCharsPerToken() float64 {
+	if b.ownChars == 0 {
+		prompt := b.fleet.Prompt()
+		if prompt == nil {
+			bt := b.fleet.BlockTokens()
+			prompt = func(c workload.Call) llmsim.Prompt { return llmsim.NewPrompt(replay.SimText(c), bt) }
+		}
+		b.ownChars = engineCharsPerToken(b.workload, prompt)
+	}
+	return b.ownChars
 }

@@ -9,6 +9,8 @@ import (
 	"path/filepath"
 	"testing"
 
+	"github.com/kvroute/caddy-kvroute/examples/llmsim"
+	"github.com/kvroute/caddy-kvroute/examples/replay"
 	"github.com/kvroute/caddy-kvroute/examples/workload"
 	"github.com/kvroute/caddy-kvroute/kvroute/llmreq"
 	"github.com/kvroute/caddy-kvroute/kvroute/telemetry"
@@ -99,5 +101,47 @@ func TestLlmdOwnCount(t *testing.T) {
 		}
 		t.Logf("%s: %d calls, %.0f chars of routing text, llm-d counted %.0f prompt tokens (emulation %.0f): %.3f chars per token",
 			name, calls, chars, counted, emulated, chars/counted)
+	}
+}
+
+// TestSimOwnCount is TestLlmdOwnCount for our simulator: what a worker counts for each call
+// equals what fleetCharsPerToken assumes (llmsim's tokens of replay.SimText), and the chars per
+// token it makes of kvroute's routing text.
+func TestSimOwnCount(t *testing.T) {
+	cfg := &config{workers: 1, blocks: 1 << 16, speed: 1000, slowFactor: 1}
+	f, err := startSimFleet(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	w := workload.ChatWorkload(workload.DefaultChat).Limit(4)
+	b := &bench{fleet: f, workload: w}
+	var chars, counted float64
+	for _, s := range w.Sessions {
+		for _, c := range s.Calls {
+			c = c.Resolve()
+			c.MaxTokens = 1
+			body, err := c.Body(false)
+			if err != nil {
+				t.Fatal(err)
+			}
+			before := f.Workers[0].Stats().PromptTokens
+			resp, err := http.Post(f.Workers[0].URL+c.API.Path(), "application/json", bytes.NewReader(body))
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+			got := float64(f.Workers[0].Stats().PromptTokens - before)
+			if want := float64(llmsim.NewPrompt(replay.SimText(c), f.BlockTokens()).Tokens); got != want {
+				t.Errorf("call: the worker counted %v prompt tokens, the emulation %v", got, want)
+			}
+			chars += float64(llmreq.Parse(body, false).Runes)
+			counted += got
+		}
+	}
+	own := b.fleetCharsPerToken()
+	t.Logf("chat: %.0f chars of routing text, the worker counted %.0f tokens: %.3f chars per token (fleetCharsPerToken %.3f)", chars, counted, chars/counted, own)
+	if d := chars/counted - own; d > 1e-9 || d < -1e-9 {
+		t.Errorf("fleetCharsPerToken %v, the worker's count %v", own, chars/counted)
 	}
 }

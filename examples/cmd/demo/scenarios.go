@@ -74,7 +74,10 @@ type kvStatus struct {
 	Upstreams     map[string]struct {
 		TreeChars      int64 `json:"tree_chars"`
 		TreeBoundChars int64 `json:"tree_bound_chars"`
-		Learned        struct {
+		Telemetry      *struct {
+			External int64 `json:"external_load"`
+		} `json:"telemetry"`
+		Learned struct {
 			Prefill  float64 `json:"prefill_tokens_per_second"`
 			Learned  bool    `json:"prefill_learned"`
 			Restarts uint64  `json:"restarts"`
@@ -350,7 +353,7 @@ func medianSpan(xs []float64) (med, lo, hi float64) {
 
 // printLearned prints, over the runs of kv_cache_aware with telemetry, the medians (min-max) of
 // what it learned: chars per token and each worker's prefill speed over its configured one.
-func printLearned(w io.Writer, results []*policyResult, extras map[*replay.Result]*runExtras, cfg *config) {
+func printLearned(w io.Writer, results []*policyResult, extras map[*replay.Result]*runExtras, cfg *config, own float64) {
 	for _, pr := range results {
 		var chars []float64
 		var ratios [][]float64
@@ -377,7 +380,8 @@ func printLearned(w io.Writer, results []*policyResult, extras map[*replay.Resul
 		fmt.Fprintf(w, "\n%s learned, over %d runs (median, min-max):\n", pr.Label, len(pr.Runs))
 		if len(chars) > 0 {
 			m, lo, hi := medianSpan(chars)
-			fmt.Fprintf(w, "  chars per token %.2f (%.2f-%.2f)\n", m, lo, hi)
+			fmt.Fprintf(w, "  chars per token %.3f (%.3f-%.3f); the engines' own %.3f: %+.1f%% (%+.1f%% to %+.1f%%)\n",
+				m, lo, hi, own, 100*(m/own-1), 100*(lo/own-1), 100*(hi/own-1))
 		} else {
 			fmt.Fprintln(w, "  chars per token: not learned (4 used)")
 		}
@@ -395,4 +399,59 @@ func printLearned(w io.Writer, results []*policyResult, extras map[*replay.Resul
 			fmt.Fprintf(w, "  w%d prefill speed learned/configured %.2f (%.2f-%.2f)%s\n", i, m, lo, hi, tag)
 		}
 	}
+}
+
+// externalSampler samples, while a run lasts, the external load kv_cache_aware counts for each
+// upstream (the engine's running and waiting requests beyond its own, GET /kvroute/): on a fleet
+// only the router sends to, any is a misreading that pushes requests off their cached worker.
+type externalSampler struct {
+	samples, nonZero int
+	sum, peak        int64
+	done             chan struct{}
+}
+
+func sampleExternal(ctx context.Context, admin int, every time.Duration) (stop func() *externalSampler) {
+	e := &externalSampler{done: make(chan struct{})}
+	ctx, cancel := context.WithCancel(ctx)
+	go func() {
+		defer close(e.done)
+		t := time.NewTicker(every)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+			st, err := readStatus(ctx, admin)
+			if err != nil {
+				continue
+			}
+			for _, u := range st.Upstreams {
+				if u.Telemetry == nil {
+					continue
+				}
+				e.samples++
+				e.sum += u.Telemetry.External
+				e.peak = max(e.peak, u.Telemetry.External)
+				if u.Telemetry.External > 0 {
+					e.nonZero++
+				}
+			}
+		}
+	}()
+	return func() *externalSampler {
+		cancel()
+		<-e.done
+		return e
+	}
+}
+
+// String describes the samples: "external load: 3% of upstream samples non-zero, mean 0.04, max 2".
+func (e *externalSampler) String() string {
+	if e.samples == 0 {
+		return "external load: no samples"
+	}
+	return fmt.Sprintf("external load counted: %.1f%% of %d upstream samples non-zero, mean %.3f, max %d",
+		100*float64(e.nonZero)/float64(e.samples), e.samples, float64(e.sum)/float64(e.samples), e.peak)
 }

@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -227,5 +228,31 @@ func TestLLMDFleetSlowAndRestart(t *testing.T) {
 	after := readWorker(t, url)
 	if f.procs[0].Process.Pid == pid || after.Counters.PromptTokens != 0 {
 		t.Errorf("after Restart: pid %d (was %d), prompt tokens %v", f.procs[0].Process.Pid, pid, after.Counters.PromptTokens)
+	}
+}
+
+// TestExternalSampler: the sampler reads each upstream's external load from GET /kvroute/ (a
+// loopback server answering as Caddy's admin does) until stopped.
+func TestExternalSampler(t *testing.T) {
+	var served atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		n := served.Add(1)
+		fmt.Fprintf(w, `{"upstreams":{"a:1":{"telemetry":{"external_load":%d}},"a:2":{"telemetry":{"external_load":0}},"a:3":{}}}`, n%2*3)
+	}))
+	defer srv.Close()
+	_, port, _ := net.SplitHostPort(strings.TrimPrefix(srv.URL, "http://"))
+	admin, _ := strconv.Atoi(port)
+	stop := sampleExternal(context.Background(), admin, time.Millisecond)
+	deadline := time.Now().Add(10 * time.Second)
+	for served.Load() < 4 && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	e := stop()
+	// Two upstreams with telemetry per read, a:1 at 3 every other read.
+	if e.samples < 6 || e.samples%2 != 0 || e.peak != 3 || e.nonZero == 0 || e.nonZero > e.samples/2 {
+		t.Errorf("%d samples, %d non-zero, peak %d: %s", e.samples, e.nonZero, e.peak, e)
+	}
+	if !strings.Contains(e.String(), "non-zero") {
+		t.Errorf("%s", e)
 	}
 }
