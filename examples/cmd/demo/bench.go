@@ -180,7 +180,7 @@ func (b *bench) startCaddyPorts(ctx context.Context, p policy, ports []int) (*ca
 }
 
 // compare runs every policy -repeats times and returns their results, in table order. With
-// -compare-telemetry the repeats alternate the policies (each repeat runs every policy once), so
+// -compare-telemetry or -interleave the repeats alternate the policies (each repeat runs every policy once), so
 // that a drift in the machine's load falls on both sides of each same-run ratio.
 func (b *bench) compare(ctx context.Context, policies []policy) ([]*policyResult, error) {
 	if b.extras == nil {
@@ -205,7 +205,7 @@ func (b *bench) compare(ctx context.Context, policies []policy) ([]*policyResult
 		return nil
 	}
 	var err error
-	if b.cfg.compareTelemetry {
+	if b.cfg.compareTelemetry || b.cfg.interleave {
 		for rep := 0; rep < b.cfg.repeats && err == nil; rep++ {
 			for i := 0; i < len(policies) && err == nil; i++ {
 				err = one(i, rep)
