@@ -134,3 +134,29 @@ func BenchmarkSelectSessions(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkSelectDecisionCost is BenchmarkSelect's 4KiB decision with decision cost: every
+// candidate's predicted TTFT on top.
+func BenchmarkSelectDecisionCost(b *testing.B) {
+	bodies := benchBodies(64, 4<<10)
+	for _, decision := range []string{decisionThresholds, decisionCost} {
+		b.Run(decision, func(b *testing.B) {
+			p := newPolicy(b, &KVCacheAware{Decision: decision})
+			pool := newPool("u1:1", "u2:1", "u3:1", "u4:1", "u5:1", "u6:1", "u7:1", "u8:1")
+			m := &LLMPrompt{MaxBody: DefaultMaxBody}
+			b.SetBytes(int64(len(bodies[0])))
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				r, cancel := benchRequest(bodies[i%len(bodies)], "")
+				if ok, _ := m.MatchWithError(r); !ok {
+					b.Fatal("matcher did not match")
+				}
+				if p.Select(pool, r, nil) == nil {
+					b.Fatal("no upstream")
+				}
+				cancel()
+			}
+		})
+	}
+}

@@ -113,11 +113,13 @@ func (p *KVCacheAware) prefillSpeed(c *candidate) float64 {
 	return DefaultPrefillTokensPerSecond
 }
 
-// bestTTFT is the lowest predicted TTFT among the candidates.
-func bestTTFT(cands []candidate) float64 {
+// bestTTFT is the lowest predicted TTFT among the candidates within the balance band.
+func bestTTFT(cands []candidate, b band) float64 {
 	best := math.Inf(1)
 	for i := range cands {
-		best = min(best, cands[i].cost.ttft)
+		if b.holds(cands[i].load) {
+			best = min(best, cands[i].cost.ttft)
+		}
 	}
 	return best
 }
@@ -128,40 +130,45 @@ func ttftBound(best, slack float64) float64 {
 	return best + max(best*slack, minSlackSeconds)
 }
 
-// byCost runs decision cost's choice. The candidate holding the longest prefix keeps the
-// request while its predicted TTFT is within ttft_slack of the best ("sticky until
-// saturated": a re-prefill elsewhere also spends cache there, which later requests pay for);
-// past it, the lowest predicted TTFT. With objective energy or carbon, the fewest predicted
-// joules (grams) among the candidates within ttft_slack of the best. Ties go to the less
-// busy, then the one holding less, then at random. The path says why: prefix_hit when the
-// choice holds the longest match, imbalance when a candidate held more and its queue made it
-// too slow, fallback when none held any.
-func (p *KVCacheAware) byCost(cands []candidate, req *llmRequest, bound float64) (int, int) {
-	warm := longest(cands, func(*candidate) bool { return true })
+// byCost runs decision cost's choice among the candidates within the balance band: the count
+// of requests in flight is what the router sees at decision time of the decode batch a request
+// joins (an engine whose batch is full makes a new request wait for a slot, whatever its
+// prefill queue: measured, docs/benchmarks.md "Issue 23"), so the band still bounds it. Among
+// those, the candidate holding the longest prefix keeps the request while its predicted TTFT
+// is within ttft_slack of the best ("sticky until saturated": a re-prefill elsewhere also
+// spends cache there, which later requests pay for); past it, the lowest predicted TTFT. With
+// objective energy or carbon, the fewest predicted joules (grams) among those within
+// ttft_slack of the best. Ties go to the less busy, then the one holding less, then at random.
+// The path says why: prefix_hit when the choice holds the longest match, imbalance when a
+// candidate held more and its queue or load made it too slow, fallback when none held any.
+func (p *KVCacheAware) byCost(cands []candidate, req *llmRequest, b band) (int, int) {
+	inBand := func(c *candidate) bool { return b.holds(c.load) }
 	chosen := -1
 	switch p.opts.objective {
 	case objectiveEnergy, objectiveCarbon:
 		var t energy.Ranking
 		j := p.joulesOf(cands, req)
 		for i := range cands {
-			if c := &cands[i]; c.cost.ttft <= bound {
+			if c := &cands[i]; inBand(c) && c.cost.ttft <= b.ttft {
 				t.Offer(i, j.of(c), c.cost.ttft, busyness(c))
 			}
 		}
 		chosen = t.Best()
 	default:
-		if warm >= 0 && cands[warm].cost.ttft <= bound {
-			return warm, pathPrefixHit
+		if w := longest(cands, inBand); w >= 0 && cands[w].cost.ttft <= b.ttft {
+			chosen = w
 		}
 	}
 	if chosen < 0 {
 		var t energy.Ranking
 		for i := range cands {
-			c := &cands[i]
-			t.Offer(i, c.cost.ttft, busyness(c), p.cachedTokens(c))
+			if c := &cands[i]; inBand(c) {
+				t.Offer(i, c.cost.ttft, busyness(c), p.cachedTokens(c))
+			}
 		}
 		chosen = max(0, t.Best()) // -1 only for NaN everywhere: any candidate is as good
 	}
+	warm := longest(cands, func(*candidate) bool { return true })
 	switch {
 	case warm < 0:
 		return chosen, pathFallback

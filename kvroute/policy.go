@@ -66,7 +66,7 @@ type KVCacheAware struct {
 	// latency.
 	Objective string `json:"objective,omitempty"`
 	// decision cost: a session stays on its upstream, and energy or carbon may choose, while
-	// the predicted TTFT there is within this fraction of the best (0 to 100). Default: 0.25.
+	// the predicted TTFT there is within this fraction of the best (0 to 100). Default: 2 (docs/decision.md: measured).
 	TTFTSlack *float64 `json:"ttft_slack,omitempty"`
 	// Response header that explains the decision (its path, the chosen upstream's predicted
 	// match and cost); off unless set.

@@ -45,8 +45,8 @@ type candidate struct {
 //     session is bound, the decision counted, and the session cookie set when configured.
 //
 // With decision cost (cost.go, docs/decision.md), every candidate gets a predicted time to
-// first token after step 1; step 2 keeps a session while its upstream's is within ttft_slack
-// of the best (instead of the band), and steps 3 to 5 are one ranking by it (byCost).
+// first token after step 1; step 2 keeps a session while its upstream is in the band and its
+// prediction within ttft_slack of the best, and steps 3 to 5 are one ranking by it (byCost).
 //
 // Load is defined in load.go. Steps 1 to 5 read the loads, and the choice counts in them
 // before the next decision reads them: decisions of this router run one at a time from
@@ -93,7 +93,7 @@ func (p *KVCacheAware) Select(pool reverseproxy.UpstreamPool, r *http.Request, w
 	cost := p.opts.decision == decisionCost
 	if cost {
 		p.predict(cands, costInputs{prompt: estimate, charsPerToken: p.state.charsPerToken(req.Model), now: time.Now().UnixNano()})
-		band.ttft = ttftBound(bestTTFT(cands), p.opts.ttftSlack)
+		band.ttft = ttftBound(bestTTFT(cands, band), p.opts.ttftSlack)
 	}
 
 	// 2. Session.
@@ -102,7 +102,7 @@ func (p *KVCacheAware) Select(pool reverseproxy.UpstreamPool, r *http.Request, w
 
 	// 3 to 5, decision cost: the ranking by predicted TTFT.
 	if chosen < 0 && cost {
-		chosen, path = p.byCost(cands, req, band.ttft)
+		chosen, path = p.byCost(cands, req, band)
 	}
 
 	// 3. Imbalance.
@@ -277,13 +277,10 @@ func (b band) holds(load int64) bool {
 	return load-b.lo <= b.abs || float64(load) <= float64(b.lo)*b.rel
 }
 
-// keeps reports whether a session bound to c stays there: c's load is within the band, or
-// with decision cost its predicted TTFT within ttft_slack of the best.
+// keeps reports whether a session bound to c stays there: c's load is within the band and,
+// with decision cost, its predicted TTFT within ttft_slack of the best.
 func (b band) keeps(c *candidate) bool {
-	if b.ttft > 0 {
-		return c.cost.ttft <= b.ttft
-	}
-	return b.holds(c.load)
+	return b.holds(c.load) && (b.ttft == 0 || c.cost.ttft <= b.ttft)
 }
 
 // sessionStep is what the session step found.

@@ -679,8 +679,12 @@ func (s *state) evict() {
 	// has likely left for good: down or not, its state and its probe go. Should it come back,
 	// it starts afresh (up).
 	idle := time.Now().Add(-dynamicTTL()).UnixNano()
+	now := time.Now().UnixNano()
 	s.upstreams.Range(func(_, v any) bool {
 		u := v.(*upstreamState)
+		// An upstream no decision reads (never chosen again, down) lets go of the requests
+		// its prefill queue still points to (prefill.go).
+		u.expirePrefill(now)
 		if !static[u.addr] && u.inFlight.Load() == 0 && u.lastUsed.Load() < idle {
 			s.dropUpstream(u)
 		}

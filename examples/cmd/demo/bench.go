@@ -193,8 +193,9 @@ func (b *bench) startCaddyPorts(ctx context.Context, p policy, ports []int) (*ca
 }
 
 // compare runs every policy -repeats times and returns their results, in table order. With
-// -compare-telemetry the repeats alternate the policies (each repeat runs every policy once, in
-// ABBA order), so that a drift in the machine's load falls on both sides of each same-run ratio.
+// -compare-telemetry or -interleave the repeats alternate the policies (each repeat runs every
+// policy once, in ABBA order), so that a drift in the machine's load falls on both sides of each
+// same-run ratio.
 func (b *bench) compare(ctx context.Context, policies []policy) ([]*policyResult, error) {
 	if b.extras == nil {
 		b.extras = map[*replay.Result]*runExtras{}
@@ -218,7 +219,7 @@ func (b *bench) compare(ctx context.Context, policies []policy) ([]*policyResult
 		return nil
 	}
 	var err error
-	if b.cfg.compareTelemetry {
+	if b.cfg.compareTelemetry || b.cfg.interleave {
 		// Every other repeat runs the policies in reverse order (ABBA), so that whatever a
 		// run leaves behind for the next (the previous Caddy's exit, a warmer machine) falls
 		// on each side as often.

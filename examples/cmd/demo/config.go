@@ -67,6 +67,7 @@ type config struct {
 	slowFactor       float64       // -slow-factor
 	restartAt        time.Duration // -restart-at: 0 off
 	compareTelemetry bool          // -compare-telemetry
+	interleave       bool          // -interleave
 
 	replicas   int    // -replicas: 0 off
 	natsServer string // nats-server binary for -replicas' cluster
@@ -116,6 +117,7 @@ func parseFlags(args []string) (*config, error) {
 	fs.IntVar(&cfg.slow, "slow", 0, "a heterogeneous fleet: the last N workers are -slow-factor times slower at prefill and decode (sim: its per-token times; llmd: --prefill-time-per-token and --inter-token-latency); kv_cache_aware's learned prefill speeds are printed against the configured ones")
 	fs.Float64Var(&cfg.slowFactor, "slow-factor", 4, "-slow: how many times slower the slow workers are")
 	fs.DurationVar(&cfg.restartAt, "restart-at", 0, "restart w0 with an empty cache this long after each replay starts (sim: cache, counters and start time reset; llmd: the process killed and started again on its port); prints the restarts kv_cache_aware counted, w0's share of its trees before and after, hit ratio and p99 TTFT in the minute after (0: not)")
+	fs.BoolVar(&cfg.interleave, "interleave", false, "with -repeats, run every policy once per repeat (a, b, c, a, b, c, ...) instead of all of a's repeats first: a drift in the machine's load then falls on every policy alike")
 	fs.BoolVar(&cfg.compareTelemetry, "compare-telemetry", false, "also run kv_cache_aware with `telemetry off`, alternating with the telemetry run at each repeat, and print the same-run ratios on/off (median, min-max)")
 	fs.BoolVar(&cfg.walkthrough, "walkthrough", true, "show kv_cache_aware routing a conversation and unrelated prompts before the comparison")
 
