@@ -262,6 +262,7 @@ type attempt struct {
 	latency time.Duration
 	had     bool
 	judged  atomic.Bool // its outcome was taken in
+	pred    prediction  // what the decision predicted, when llm_feedback reads the answer (feedback.go)
 }
 
 // watchedBody is an attempt's request body: it remembers whether reading the client's body

@@ -86,9 +86,13 @@ func (p *KVCacheAware) Select(pool reverseproxy.UpstreamPool, r *http.Request, w
 	held.assign(cands)
 	band := p.bandOf(cands)
 
-	// 2. Session.
+	// 2. Session. A Responses follow-up goes first to the engine that stored the response it
+	// names (responses.go), whatever the balance.
 	sess := p.session(r, req, pool, cands, band)
 	chosen, path := sess.chosen, pathSession
+	if i := p.followUp(req, cands); i >= 0 {
+		chosen = i
+	}
 
 	// 3. Imbalance.
 	if chosen < 0 {
@@ -108,6 +112,7 @@ func (p *KVCacheAware) Select(pool reverseproxy.UpstreamPool, r *http.Request, w
 	// 6. Record: the choice counts in the loads before the next decision reads them.
 	req.track(r, cands[chosen].st, estimate)
 	unlock()
+	req.bestMatch = bestMatch(cands) // what the choice gave up for balance (feedback.go)
 	return p.commit(r, w, req, &cands[chosen], treeName, sess, path)
 }
 
@@ -453,7 +458,9 @@ func (p *KVCacheAware) commit(r *http.Request, w http.ResponseWriter, req *llmRe
 	// Peers learn what this replica just learned (pending cookie ids stay local: a client
 	// that keeps no cookies must not fill every replica's store).
 	p.state.share(req.Model, c.up.Dial, req.Text, bindKey, boundAt)
-	req.attempt.Store(newAttempt(r, c.st))
+	a := newAttempt(r, c.st)
+	p.predict(r, req, a, c, treeName)
+	req.attempt.Store(a)
 	if len(req.tried) == 0 {
 		p.state.watchOutcome(r, req)
 	}

@@ -55,6 +55,7 @@ type upstreamState struct {
 	peerReadAt  atomic.Int64               // unix nanos (local clock) of a peer's latest good reading of it; 0: none (telemetry.go)
 	health      healthState                // health.go
 	learn       upstreamLearn              // what its engine's totals taught (learn.go)
+	feedback    feedbackState              // what its answers taught (feedback.go)
 
 	host atomic.Pointer[reverseproxy.Host] // Caddy's count of requests to the address (load.go: own)
 }
@@ -147,6 +148,10 @@ type state struct {
 	// space of their own: clients that keep no cookies (SDKs) get a new id on every request,
 	// and must not evict the sessions of those that do.
 	pending *sessionStore
+	// responses binds Responses ids (a keyed digest) to the engine that stored them
+	// (responses.go); respSeed keys the digest without a cluster.
+	responses *sessionStore
+	respSeed  [32]byte
 
 	upstreams sync.Map // dial address → *upstreamState
 
@@ -217,17 +222,19 @@ type evictionRecord struct {
 func newState() *state {
 	opts := processOptions{}.withDefaults()
 	return &state{
-		forest:   tree.NewForest(tree.Limits{}),
-		sessions: newSessionStore(opts.maxSessions, opts.sessionTTL),
-		pending:  newSessionStore(pendingCap(opts.maxSessions), opts.sessionTTL),
-		regs:     make(map[*registration]struct{}),
-		options:  opts,
-		logger:   zap.NewNop(),
-		reconfig: make(chan struct{}, 1),
-		gate:     make(chan struct{}),
-		resync:   make(chan struct{}, 1),
-		stop:     make(chan struct{}),
-		done:     make(chan struct{}),
+		forest:    tree.NewForest(tree.Limits{}),
+		sessions:  newSessionStore(opts.maxSessions, opts.sessionTTL),
+		pending:   newSessionStore(pendingCap(opts.maxSessions), opts.sessionTTL),
+		responses: newSessionStore(opts.maxSessions, opts.sessionTTL),
+		respSeed:  newResponseSeed(),
+		regs:      make(map[*registration]struct{}),
+		options:   opts,
+		logger:    zap.NewNop(),
+		reconfig:  make(chan struct{}, 1),
+		gate:      make(chan struct{}),
+		resync:    make(chan struct{}, 1),
+		stop:      make(chan struct{}),
+		done:      make(chan struct{}),
 	}
 }
 
@@ -480,6 +487,7 @@ func (s *state) applyLocked(o processOptions) {
 	s.options = o
 	s.sessions.configure(o.maxSessions, o.sessionTTL)
 	s.pending.configure(pendingCap(o.maxSessions), o.sessionTTL)
+	s.responses.configure(o.maxSessions, o.sessionTTL)
 	// A smaller max_tree_size holds at once, without making inserts wait: the pass that
 	// brings the trees within it runs in the background (syncBackground, and the one the next
 	// insert starts).
@@ -541,7 +549,7 @@ func (s *state) limitsLocked(maxChars int64) tree.Limits {
 		if l.TenantMaxChars == nil {
 			l.TenantMaxChars = make(map[string]int64)
 		}
-		l.TenantMaxChars[addr] = tenantBound(tokens, s.upstreamCharsPerToken(addr))
+		l.TenantMaxChars[addr] = int64(float64(tenantBound(tokens, s.upstreamCharsPerToken(addr))) * s.shareOf(addr))
 	}
 	annotated := make(map[string]bool)
 	for q := range s.regs {
@@ -595,6 +603,7 @@ func (s *state) forgetUpstream(addr string) (chars int64, sessions int) {
 	}
 	chars = s.forest.TenantChars(addr)
 	s.forest.RemoveTenant(addr)
+	s.responses.dropUpstream(addr)
 	return chars, s.sessions.dropUpstream(addr) + s.pending.dropUpstream(addr)
 }
 
@@ -603,6 +612,7 @@ func (s *state) reset() {
 	s.forest.Reset()
 	s.sessions.reset()
 	s.pending.reset()
+	s.responses.reset()
 }
 
 // forgetSession drops every binding of session id sid, for every model (admin DELETE
@@ -658,6 +668,7 @@ func (s *state) evictionLoop() {
 func (s *state) evict() {
 	st := s.forest.Evict()
 	expired := s.sessions.expire(time.Now()) + s.pending.expire(time.Now())
+	s.responses.expire(time.Now())
 	rec := &evictionRecord{At: time.Now(), Chars: st.Chars, Nodes: st.Nodes, Duration: st.Duration, Left: s.forest.Chars()}
 	s.lastEviction.Store(rec)
 	s.evictions.Add(1)
