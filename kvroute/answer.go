@@ -832,12 +832,17 @@ func (o *answerObserver) take(r *scanResult) {
 // finish ends the answer: a JSON answer counts only when it was whole; an SSE event cut short
 // (no empty line after it) does not count. It returns what the answer reported.
 func (o *answerObserver) finish() usage {
-	if o.kind == answerJSON {
+	switch o.kind {
+	case answerJSON:
 		switch {
 		case o.sc.end():
 			o.take(&o.res)
 		case o.read > 0 && o.read < maxJSONAnswer:
 			o.gaveUps++ // cut short or malformed
+		}
+	case answerSSE:
+		if o.dataLines > 0 {
+			o.gaveUps++ // an event cut short: never taken in
 		}
 	}
 	return o.u
