@@ -241,6 +241,7 @@ type prediction struct {
 	tree    string
 	matched int     // runes of the routing text the chosen upstream held when the decision matched: before it inserted the prompt
 	best    int     // the most any candidate held
+	runes   int     // of the routing text
 	cpt     float64 // the model's chars per token then
 	// ahead is how many earlier attempts on the same upstream were still waiting for their first
 	// token when this one was decided: one of them may have put the prefix this one matched in
@@ -270,7 +271,7 @@ func (p *KVCacheAware) predict(r *http.Request, req *llmRequest, a *attempt, c *
 	fb := &c.st.feedback
 	pr := &a.pred
 	pr.s, pr.start, pr.leg, pr.tree = p.state, time.Now(), req.leg, treeName
-	pr.matched, pr.best, pr.cpt = c.match, max(req.bestMatch, c.match), p.state.charsPerToken(req.Model)
+	pr.matched, pr.best, pr.runes, pr.cpt = c.match, max(req.bestMatch, c.match), req.Runes, p.state.charsPerToken(req.Model)
 	pr.watched = true
 	pr.ahead = fb.awaiting.Add(1) - 1
 	if given := a.pred.best - a.pred.matched; given > 0 {
@@ -391,13 +392,21 @@ func (s *state) credit(r *http.Request, lr *llmRequest, a *attempt, u usage, gav
 		return
 	}
 	fb.withCached.Add(1)
-	predicted := float64(p.matched) / p.cpt
+	// The answer counts this prompt's tokens: its own chars per token turns the runes the tree
+	// matched into the engine's tokens, where the model's average (or the default 4) can be off
+	// by a fifth on one prompt, hundreds of tokens on a long prefix.
+	cpt := p.cpt
+	if u.prompt >= 1 && p.runes > 0 {
+		cpt = min(maxCharsPerToken, max(minCharsPerToken, float64(p.runes)/u.prompt))
+	}
+	predicted := float64(p.matched) / cpt
 	fb.predicted.add(predicted)
 	fb.reported.add(u.cached)
 	if p.leg == legDecode || p.matched < minMatchRunes {
 		return
 	}
-	if predicted-u.cached <= kvBlockTokens {
+	// Engines cache whole blocks: what the tree matched counts down to its last whole block.
+	if math.Floor(predicted/kvBlockTokens)*kvBlockTokens-u.cached <= kvBlockTokens {
 		s.reshare(a.u, growFactor)
 		return
 	}
@@ -409,7 +418,7 @@ func (s *state) credit(r *http.Request, lr *llmRequest, a *attempt, u usage, gav
 	// The engine computed everything beyond what it had cached: the tree stops claiming, for
 	// this upstream, the other prompts that hung off the part it lost.
 	if text := lr.routingText(r); text != "" {
-		keep := int(u.cached * p.cpt)
+		keep := int(u.cached * cpt)
 		if t := s.forest.Get(p.tree); t != nil {
 			n := t.Trim(text, a.u.addr, keep, trimBudget)
 			fb.trimmed.Add(n)

@@ -13,6 +13,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/kvroute/caddy-kvroute/kvroute/llmreq"
 )
 
 // scriptEngine is a real HTTP upstream on loopback that answers with recorded shapes of real
@@ -24,6 +26,8 @@ type scriptEngine struct {
 	hits atomic.Int64
 	ids  atomic.Int64
 	gate chan struct{}
+	// lastPrompt is the prompt tokens of the latest request.
+	lastPrompt atomic.Int64
 	// cached is what it reports as cached tokens in the usage of "usage" answers.
 	cached atomic.Int64
 	// hold, when set, makes the requests with X-Hold (or without X-Answer) wait until it is
@@ -39,9 +43,10 @@ type scripted struct {
 }
 
 // answers are the shapes the tests send back. "%ID%" is replaced by a fresh Responses id naming
-// the engine, "%CACHED%" by the engine's cached tokens.
+// the engine, "%CACHED%" by the engine's cached tokens, "%PROMPT%" by the prompt's tokens (its
+// routing text's runes over 4).
 var answers = map[string]scripted{
-	"chat-json": {200, "application/json", []string{`{"id":"chatcmpl-1","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"Paris."},"finish_reason":"stop"}],"usage":{"prompt_tokens":1200,"total_tokens":1202,"completion_tokens":2,"prompt_tokens_details":{"cached_tokens":%CACHED%}}}`}},
+	"chat-json": {200, "application/json", []string{`{"id":"chatcmpl-1","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"Paris."},"finish_reason":"stop"}],"usage":{"prompt_tokens":%PROMPT%,"total_tokens":1202,"completion_tokens":2,"prompt_tokens_details":{"cached_tokens":%CACHED%}}}`}},
 	"chat-sse": {200, "text/event-stream", []string{
 		"data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"\"}}]}\n\n",
 		"data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"Par\"}}]}\n\n",
@@ -74,10 +79,11 @@ var answers = map[string]scripted{
 	"html":  {200, "text/html", []string{"<html>usage</html>"}},
 }
 
-func (a scripted) render(e *scriptEngine, id string) []string {
+func (a scripted) render(e *scriptEngine, id string, prompt int) []string {
 	out := make([]string, len(a.parts))
 	for i, p := range a.parts {
 		p = strings.ReplaceAll(p, "%ID%", id)
+		p = strings.ReplaceAll(p, "%PROMPT%", fmt.Sprint(prompt))
 		out[i] = strings.ReplaceAll(p, "%CACHED%", fmt.Sprint(e.cached.Load()))
 	}
 	return out
@@ -101,7 +107,9 @@ func (e *scriptEngine) serve(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	e.hits.Add(1)
-	io.Copy(io.Discard, r.Body)
+	body, _ := io.ReadAll(r.Body)
+	prompt := llmreq.ParseAs(body, false, llmreq.Hint(r)).Runes / 4
+	e.lastPrompt.Store(int64(prompt))
 	e.mu.Lock()
 	hold := e.hold
 	e.mu.Unlock()
@@ -120,7 +128,7 @@ func (e *scriptEngine) serve(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Type", a.ctype)
 	w.Header().Set("X-Engine", e.name)
 	w.WriteHeader(a.status)
-	for i, p := range a.render(e, id) {
+	for i, p := range a.render(e, id, prompt) {
 		if i > 0 && r.Header.Get("X-Gate") != "" {
 			select {
 			case <-e.gate:
@@ -244,7 +252,7 @@ func TestFeedbackPassThrough(t *testing.T) {
 			}
 			resp, got := ask(t, client, tc.path, tc.body, tc.answer)
 			a := answers[tc.answer]
-			if want := strings.Join(a.render(e, "resp_e1_"+fmt.Sprint(e.ids.Load())), ""); !bytes.Equal(got, []byte(want)) {
+			if want := strings.Join(a.render(e, "resp_e1_"+fmt.Sprint(e.ids.Load()), int(e.lastPrompt.Load())), ""); !bytes.Equal(got, []byte(want)) {
 				t.Fatalf("the client got %d bytes that differ from the %d the engine wrote:\n got %.300q\nwant %.300q", len(got), len(want), got, want)
 			}
 			if resp.StatusCode != a.status {
@@ -298,7 +306,7 @@ func TestFeedbackStreamNotHeld(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer resp.Body.Close()
-			parts := answers[answer].render(e, fmt.Sprintf("resp_e1_%d", e.ids.Load()))
+			parts := answers[answer].render(e, fmt.Sprintf("resp_e1_%d", e.ids.Load()), 0)
 			br := bufio.NewReader(resp.Body)
 			for i, want := range parts {
 				if i > 0 {
