@@ -39,8 +39,8 @@ const (
 // on noise would leave its cache for nothing.
 const minSlackSeconds = 0.02
 
-// prediction is one candidate's predicted cost.
-type prediction struct {
+// costPrediction is one candidate's predicted cost.
+type costPrediction struct {
 	uncached int64   // prompt tokens it would prefill
 	queued   int64   // prefill tokens ahead of the request there
 	speed    float64 // prefill tokens per second

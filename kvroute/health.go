@@ -266,6 +266,7 @@ type attempt struct {
 	// the upstream held), counted in what the upstream was sent once its engine served it.
 	model          string
 	chars, matched int
+	pred           prediction // what the decision predicted, when llm_feedback reads the answer (feedback.go)
 }
 
 // watchedBody is an attempt's request body: it remembers whether reading the client's body
