@@ -318,6 +318,9 @@ func (h clusterHandler) Decision(model, upstream, text string) {
 // Binding applies a peer's binding only when it is newer than the one held: a catch-up reply
 // can bring one replica's older binding after another's newer one.
 func (h clusterHandler) Binding(model, sessionKey, upstream string, at time.Time) bool {
+	if model == "" && isResponseKey(sessionKey) {
+		return h.s.responses.bindPeer("", sessionKey, upstream, at, time.Now())
+	}
 	return h.s.sessions.bindPeer(boundKey(model, maxModelLen), sessionKey, upstream, at, time.Now())
 }
 

@@ -39,8 +39,8 @@ const (
 // on noise would leave its cache for nothing.
 const minSlackSeconds = 0.02
 
-// prediction is one candidate's predicted cost.
-type prediction struct {
+// costPrediction is one candidate's predicted cost.
+type costPrediction struct {
 	uncached int64   // prompt tokens it would prefill
 	queued   int64   // prefill tokens ahead of the request there
 	speed    float64 // prefill tokens per second
@@ -102,10 +102,14 @@ func (u *upstreamState) meanUncachedTokens() float64 {
 }
 
 // prefillSpeed is the speed signal: the candidate's prefill tokens per second, learned from
-// its engine, else its upstream block's prior, else the default.
+// its engine's totals, else from single answers (llm_feedback), else its upstream block's
+// prior, else the default.
 func (p *KVCacheAware) prefillSpeed(c *candidate) float64 {
 	if f := c.st.learn.figures.Load(); f != nil && f.PrefillLearned && f.PrefillTokensPerSecond > 0 {
 		return f.PrefillTokensPerSecond
+	}
+	if v := math.Float64frombits(c.st.learn.answerSpeed.Load()); v > 0 {
+		return v
 	}
 	if c.prof != nil && c.prof.PrefillTokensPerSecond > 0 {
 		return c.prof.PrefillTokensPerSecond

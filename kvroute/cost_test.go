@@ -33,7 +33,7 @@ func costPolicy(t *testing.T, pool reverseproxy.UpstreamPool, ups map[string]ene
 	}
 	p = newPolicy(t, p)
 	for _, u := range pool {
-		p.state.upstream(u.Dial).feedback.Store(feedback)
+		p.state.upstream(u.Dial).firstTokens.Store(feedback)
 	}
 	return p
 }
@@ -225,7 +225,7 @@ func TestCostPrefillDeadlineWithoutFeedback(t *testing.T) {
 	waitFor(t, func() bool { u.expirePrefill(time.Now().UnixNano()); return u.prefillTokens.Load() == 0 },
 		"the request counted as prefilled once its predicted TTFT passed")
 
-	u.feedback.Store(true)
+	u.firstTokens.Store(true)
 	r, cancel := chatRequest("m", bigCold(2, 100))
 	defer cancel()
 	p.Select(pool, r, nil)

@@ -72,7 +72,7 @@ type decisionRecord struct {
 type candidateRecord struct {
 	addr  string
 	match int
-	cost  prediction
+	cost  costPrediction
 }
 
 // record keeps a decision of decision cost.

@@ -7,6 +7,7 @@ package kvroute
 //	go test ./kvroute -run '^$' -fuzz '^FuzzPolicyCaddyfile$' -fuzztime 60s
 //	go test ./kvroute -run '^$' -fuzz '^FuzzMatcherCaddyfile$' -fuzztime 60s
 //	go test ./kvroute -run '^$' -fuzz '^FuzzSelectBody$' -fuzztime 60s
+//	go test ./kvroute -run '^$' -fuzz '^FuzzAnswer$' -fuzztime 60s
 //
 // or all of them: examples/soak/fuzz.sh [duration per target]. The extraction (kvroute/llmreq)
 // and the radix tree (tree/) have their own fuzz targets.
@@ -297,4 +298,39 @@ func FuzzSelectBody(f *testing.F) {
 // bounded reports whether a client-chosen key is short, or a digest of a long one.
 func bounded(s string, max int) bool {
 	return len(s) <= max || strings.HasPrefix(s, "sha256:") && len(s) == 71
+}
+
+// FuzzAnswer: the answer observer never panics, reports only usage that can be true (0 <=
+// cached <= prompt <= maxUsageTokens), and reads the same whether the answer comes whole or cut
+// in two anywhere (the engine's writes and Caddy's copy buffer cut it anywhere).
+func FuzzAnswer(f *testing.F) {
+	for _, tc := range answerCases {
+		f.Add([]byte(tc.body), uint16(len(tc.body)/2), tc.kind == answerSSE)
+	}
+	f.Add([]byte("data: {\"usage\":{\"prompt_tokens\":1}}\r\rdata:[DONE]\n\n"), uint16(3), true)
+	f.Add([]byte("data\n\ndata:\ndata:{}\n\n:comment\n\n"), uint16(0), true)
+	f.Fuzz(func(t *testing.T, body []byte, cut uint16, sse bool) {
+		kind := answerJSON
+		if sse {
+			kind = answerSSE
+		}
+		at := int(cut) % (len(body) + 1)
+		var whole, split answerObserver
+		whole.begin(kind, true)
+		firstWhole := whole.write(body)
+		a := whole.finish()
+		split.begin(kind, true)
+		firstSplit := split.write(body[:at])
+		firstSplit = split.write(body[at:]) || firstSplit
+		b := split.finish()
+		if a != b || firstWhole != firstSplit {
+			t.Fatalf("whole: %+v (first %v), cut at %d: %+v (first %v)", a, firstWhole, at, b, firstSplit)
+		}
+		if a.ok && !(a.cached >= 0 && a.cached <= a.prompt && a.prompt <= maxUsageTokens && a.prefillMS >= 0) {
+			t.Fatalf("usage that cannot be true was reported: %+v", a)
+		}
+		if len(a.respID) > maxIDLen {
+			t.Fatalf("response id of %d bytes kept", len(a.respID))
+		}
+	})
 }

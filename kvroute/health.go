@@ -267,6 +267,7 @@ type attempt struct {
 	// back when the engine refused it or never got it.
 	model          string
 	chars, matched int
+	pred           prediction // what the decision predicted, when llm_feedback reads the answer (feedback.go)
 }
 
 // watchedBody is an attempt's request body: it remembers whether reading the client's body

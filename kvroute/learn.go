@@ -100,6 +100,11 @@ type upstreamLearn struct {
 	lastSent [3]int64 // sent.requests, chars and matched at the previous interval
 	lastRaw  int64    // the engine's load beyond this router's at the previous reading
 
+	// answers are prefill speed samples from single answers (llm_feedback: learnAnswer), and
+	// answerSpeed their median (float64 bits; 0 until there are minSpeedSamples of them).
+	answers     []float64
+	answerSpeed atomic.Uint64
+
 	figures atomic.Pointer[learnedFigures]
 	// restartedAt is when the engine's latest restart was seen, here or by the peer that reads
 	// it (unix nanoseconds; 0: none).
@@ -122,8 +127,12 @@ type learnedFigures struct {
 	// prefill_tokens_per_second, else the default).
 	PrefillTokensPerSecond float64 `json:"prefill_tokens_per_second"`
 	PrefillLearned         bool    `json:"prefill_learned"`
-	DecodeTokensPerSecond  float64 `json:"decode_tokens_per_second,omitempty"`
-	DecodeLearned          bool    `json:"decode_learned"`
+	// PrefillFromAnswers is the prefill speed single answers taught (llm_feedback): their
+	// tokens not cached over their time to first content (llama.cpp: its own prefill time).
+	// It stands in for PrefillTokensPerSecond until the engine's totals teach one.
+	PrefillFromAnswers    float64 `json:"prefill_tokens_per_second_from_answers,omitempty"`
+	DecodeTokensPerSecond float64 `json:"decode_tokens_per_second,omitempty"`
+	DecodeLearned         bool    `json:"decode_learned"`
 	// FromPeer: the speeds are those the cluster replica that reads the engine learned.
 	FromPeer bool `json:"from_peer,omitempty"`
 	// EngineHitRatio is the engine's own prefix-cache hit ratio over the latest interval that
@@ -219,7 +228,8 @@ func (s *state) learnFrom(u *upstreamState, cur *telemetry.Snapshot) {
 	if d != nil && d.Restart {
 		l.restartedAt.Store(time.Now().UnixNano())
 		l.restarts.Add(1)
-		l.prefill, l.decode = nil, nil
+		l.prefill, l.decode, l.answers = nil, nil, nil
+		l.answerSpeed.Store(0)
 		s.engineRestarted(cur.Key)
 	}
 	if d != nil && !d.Restart && !first {
@@ -458,12 +468,55 @@ func (s *state) prefillPrior(addr string) float64 {
 // learnedStatus is an upstream's learned figures for the admin API; before any interval, the
 // priors.
 func (s *state) learnedStatus(addr string) *learnedFigures {
-	if v, ok := s.upstreams.Load(addr); ok {
-		if f := v.(*upstreamState).learn.figures.Load(); f != nil {
-			return f
-		}
+	v, ok := s.upstreams.Load(addr)
+	if !ok {
+		return &learnedFigures{PrefillTokensPerSecond: s.prefillPrior(addr)}
 	}
-	return &learnedFigures{PrefillTokensPerSecond: s.prefillPrior(addr)}
+	l := &v.(*upstreamState).learn
+	f := l.figures.Load()
+	answers := math.Float64frombits(l.answerSpeed.Load())
+	switch {
+	case f != nil && (answers == 0 || f.PrefillLearned):
+		if answers > 0 {
+			g := *f
+			g.PrefillFromAnswers = answers
+			return &g
+		}
+		return f
+	case f == nil:
+		f = &learnedFigures{PrefillTokensPerSecond: s.prefillPrior(addr)}
+	default:
+		g := *f
+		f = &g
+	}
+	if answers > 0 {
+		f.PrefillFromAnswers = answers
+		f.PrefillTokensPerSecond = answers
+	}
+	return f
+}
+
+// learnAnswer takes in one answer's prefill (llm_feedback): llama.cpp's own prefill time when
+// it reports it, else its tokens not cached over the time from the attempt to its first content
+// (which includes the engine's queue, so a median of several, like the interval samples). A
+// decode leg never comes here: its prompt arrived as KV blocks.
+func (s *state) learnAnswer(u *upstreamState, us usage, ttft time.Duration, hasTTFT bool) {
+	var v float64
+	switch uncached := us.prompt - us.cached; {
+	case us.prefillMS > 0 && us.computed >= minSampleTokens:
+		v = us.computed / (us.prefillMS / 1000)
+	case hasTTFT && us.cachedKnown && ttft.Seconds() >= minSampleSeconds && uncached >= minSampleTokens:
+		v = uncached / ttft.Seconds()
+	default:
+		return
+	}
+	l := &u.learn
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.answers = pushSample(l.answers, v)
+	if m, ok := median(l.answers); ok {
+		l.answerSpeed.Store(math.Float64bits(m))
+	}
 }
 
 func pushSample(w []float64, v float64) []float64 {

@@ -53,8 +53,8 @@ func (lr *llmRequest) endPrefill(fromFeedback bool) {
 		p.on = nil
 	}
 	p.mu.Unlock()
-	if u != nil && fromFeedback && !u.feedback.Load() {
-		u.feedback.Store(true)
+	if u != nil && fromFeedback && !u.firstTokens.Load() {
+		u.firstTokens.Store(true)
 	}
 }
 
@@ -106,7 +106,7 @@ func (q *prefillQueue) push(e pendingPrefill) {
 // candidate: amortised, a few entries a call.
 func (u *upstreamState) expirePrefill(now int64) {
 	q := &u.prefillQ
-	expire := !u.feedback.Load()
+	expire := !u.firstTokens.Load()
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	for q.head < len(q.q) {

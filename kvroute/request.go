@@ -45,6 +45,10 @@ type llmRequest struct {
 
 	// attempt is the latest attempt, for its outcome (health.go).
 	attempt atomic.Pointer[attempt]
+	// leg is the leg the next attempt runs (feedback.go): llm_disaggregate sets it around the
+	// legs it runs. bestMatch is the longest prefix any candidate of the latest decision held.
+	leg       legKind
+	bestMatch int
 
 	// tried lists the dial addresses earlier attempts of this request went to. Select runs
 	// again for every retry, one attempt at a time, so only Select touches it.

@@ -20,9 +20,9 @@ type candidate struct {
 	up    *reverseproxy.Upstream
 	st    *upstreamState
 	prof  *energy.Profile
-	load  int64      // requests in flight, as this router counts them
-	match int        // leading runes of the routing text it holds
-	cost  prediction // decision cost only (cost.go)
+	load  int64          // requests in flight, as this router counts them
+	match int            // leading runes of the routing text it holds
+	cost  costPrediction // decision cost only (cost.go)
 }
 
 // Select picks the upstream for r. The decision, in order (docs/design.md):
@@ -96,9 +96,13 @@ func (p *KVCacheAware) Select(pool reverseproxy.UpstreamPool, r *http.Request, w
 		band.ttft = ttftBound(bestTTFT(cands, band), p.opts.ttftSlack)
 	}
 
-	// 2. Session.
+	// 2. Session. A Responses follow-up goes first to the engine that stored the response it
+	// names (responses.go), whatever the balance.
 	sess := p.session(r, req, pool, cands, band)
 	chosen, path := sess.chosen, pathSession
+	if i := p.followUp(req, cands); i >= 0 {
+		chosen = i
+	}
 
 	// 3 to 5, decision cost: the ranking by predicted TTFT.
 	if chosen < 0 && cost {
@@ -130,6 +134,7 @@ func (p *KVCacheAware) Select(pool reverseproxy.UpstreamPool, r *http.Request, w
 		p.state.recent.record(req.Model, cands, chosen, path)
 	}
 	unlock()
+	req.bestMatch = bestMatch(cands) // what the choice gave up for balance (feedback.go)
 	p.explain(w, req, c, path)
 	return p.commit(r, w, req, c, treeName, sess, path)
 }
@@ -488,6 +493,7 @@ func (p *KVCacheAware) commit(r *http.Request, w http.ResponseWriter, req *llmRe
 	p.state.share(req.Model, c.up.Dial, req.Text, bindKey, boundAt)
 	a := newAttempt(r, c.st)
 	a.model, a.chars, a.matched = req.Model, req.Runes, c.match
+	p.recordPrediction(r, req, a, c, treeName)
 	req.attempt.Store(a)
 	if len(req.tried) == 0 {
 		p.state.watchOutcome(r, req)

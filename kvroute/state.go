@@ -47,11 +47,11 @@ type upstreamState struct {
 	inFlight     atomic.Int64 // requests this router sent and that have not finished
 	queuedTokens atomic.Int64 // their estimated prompt tokens
 	// prefillTokens: the uncached tokens of those that have not produced a first token
-	// (prefill.go); prefillQ orders them for the deadline estimate; feedback: llm_feedback
+	// (prefill.go); prefillQ orders them for the deadline estimate; firstTokens: llm_feedback
 	// reports first tokens for this upstream.
 	prefillTokens atomic.Int64
 	prefillQ      prefillQueue
-	feedback      atomic.Bool
+	firstTokens   atomic.Bool
 	decisions     [numPaths]atomic.Uint64
 	lastUsed      atomic.Int64 // unix nanoseconds of the last decision
 
@@ -61,6 +61,7 @@ type upstreamState struct {
 	peerReadAt  atomic.Int64               // unix nanos (local clock) of a peer's latest good reading of it; 0: none (telemetry.go)
 	health      healthState                // health.go
 	learn       upstreamLearn              // what its engine's totals taught (learn.go)
+	feedback    feedbackState              // what its answers taught (feedback.go)
 
 	host atomic.Pointer[reverseproxy.Host] // Caddy's count of requests to the address (load.go: own)
 }
@@ -153,6 +154,10 @@ type state struct {
 	// space of their own: clients that keep no cookies (SDKs) get a new id on every request,
 	// and must not evict the sessions of those that do.
 	pending *sessionStore
+	// responses binds Responses ids (a keyed digest) to the engine that stored them
+	// (responses.go); respSeed keys the digest without a cluster.
+	responses *sessionStore
+	respSeed  [32]byte
 
 	upstreams sync.Map // dial address → *upstreamState
 
@@ -225,17 +230,19 @@ type evictionRecord struct {
 func newState() *state {
 	opts := processOptions{}.withDefaults()
 	return &state{
-		forest:   tree.NewForest(tree.Limits{}),
-		sessions: newSessionStore(opts.maxSessions, opts.sessionTTL),
-		pending:  newSessionStore(pendingCap(opts.maxSessions), opts.sessionTTL),
-		regs:     make(map[*registration]struct{}),
-		options:  opts,
-		logger:   zap.NewNop(),
-		reconfig: make(chan struct{}, 1),
-		gate:     make(chan struct{}),
-		resync:   make(chan struct{}, 1),
-		stop:     make(chan struct{}),
-		done:     make(chan struct{}),
+		forest:    tree.NewForest(tree.Limits{}),
+		sessions:  newSessionStore(opts.maxSessions, opts.sessionTTL),
+		pending:   newSessionStore(pendingCap(opts.maxSessions), opts.sessionTTL),
+		responses: newSessionStore(opts.maxSessions, opts.sessionTTL),
+		respSeed:  newResponseSeed(),
+		regs:      make(map[*registration]struct{}),
+		options:   opts,
+		logger:    zap.NewNop(),
+		reconfig:  make(chan struct{}, 1),
+		gate:      make(chan struct{}),
+		resync:    make(chan struct{}, 1),
+		stop:      make(chan struct{}),
+		done:      make(chan struct{}),
 	}
 }
 
@@ -488,6 +495,7 @@ func (s *state) applyLocked(o processOptions) {
 	s.options = o
 	s.sessions.configure(o.maxSessions, o.sessionTTL)
 	s.pending.configure(pendingCap(o.maxSessions), o.sessionTTL)
+	s.responses.configure(o.maxSessions, o.sessionTTL)
 	// A smaller max_tree_size holds at once, without making inserts wait: the pass that
 	// brings the trees within it runs in the background (syncBackground, and the one the next
 	// insert starts).
@@ -549,7 +557,7 @@ func (s *state) limitsLocked(maxChars int64) tree.Limits {
 		if l.TenantMaxChars == nil {
 			l.TenantMaxChars = make(map[string]int64)
 		}
-		l.TenantMaxChars[addr] = tenantBound(tokens, s.upstreamCharsPerToken(addr))
+		l.TenantMaxChars[addr] = int64(float64(tenantBound(tokens, s.upstreamCharsPerToken(addr))) * s.shareOf(addr))
 	}
 	annotated := make(map[string]bool)
 	for q := range s.regs {
@@ -603,6 +611,7 @@ func (s *state) forgetUpstream(addr string) (chars int64, sessions int) {
 	}
 	chars = s.forest.TenantChars(addr)
 	s.forest.RemoveTenant(addr)
+	s.responses.dropUpstream(addr)
 	return chars, s.sessions.dropUpstream(addr) + s.pending.dropUpstream(addr)
 }
 
@@ -611,6 +620,7 @@ func (s *state) reset() {
 	s.forest.Reset()
 	s.sessions.reset()
 	s.pending.reset()
+	s.responses.reset()
 }
 
 // forgetSession drops every binding of session id sid, for every model (admin DELETE
@@ -666,6 +676,7 @@ func (s *state) evictionLoop() {
 func (s *state) evict() {
 	st := s.forest.Evict()
 	expired := s.sessions.expire(time.Now()) + s.pending.expire(time.Now())
+	s.responses.expire(time.Now())
 	rec := &evictionRecord{At: time.Now(), Chars: st.Chars, Nodes: st.Nodes, Duration: st.Duration, Left: s.forest.Chars()}
 	s.lastEviction.Store(rec)
 	s.evictions.Add(1)

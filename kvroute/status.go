@@ -61,6 +61,8 @@ type UpstreamStatus struct {
 	// until then.
 	Learned *learnedFigures `json:"learned"`
 	Health  HealthStatus    `json:"health"`
+	// Feedback is what its answers reported (llm_feedback); absent when none was read.
+	Feedback *FeedbackStatus `json:"feedback,omitempty"`
 }
 
 // status answers the admin API's GET /kvroute/: what the state knows, per model and upstream.
@@ -116,6 +118,7 @@ func (s *state) status() Status {
 			us.PrefillTokens = u.prefillTokens.Load()
 			us.Load = s.load(u, now.UnixNano())
 			us.Health = u.healthStatus()
+			us.Feedback = u.feedbackStatus()
 			for i, n := range pathNames {
 				us.Decisions[n] = u.decisions[i].Load()
 			}

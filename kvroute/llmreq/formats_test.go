@@ -33,7 +33,7 @@ var sdkTests = []struct {
 		return Request{Format: Responses, Model: "gpt-4.1-mini", MaxTokens: 256, Text: responsesTurn(b, 3)}
 	}},
 	{"responses-previous.json", Responses, func([]byte) Request {
-		return Request{Format: Responses, Model: "gpt-4.1-mini", Session: "conv-7", Text: msg("user", "And in Lyon?")}
+		return Request{Format: Responses, Model: "gpt-4.1-mini", Session: "conv-7", PreviousResponseID: "resp_123", Text: msg("user", "And in Lyon?")}
 	}},
 	{"responses-string.json", Responses, func([]byte) Request {
 		return Request{Format: Responses, Model: "gpt-4.1-mini", Stream: true, Text: msg("user", "Say hi.")}

@@ -49,6 +49,9 @@ type Request struct {
 	// Session is the body field prompt_cache_key (OpenAI); "" when absent. It is kept whole,
 	// however long: the caller bounds it.
 	Session string
+	// PreviousResponseID is a Responses follow-up's previous_response_id (the stored response it
+	// continues); "" when absent. Kept whole, like Session.
+	PreviousResponseID string
 	// MaxTokens is max_completion_tokens, else max_tokens, else max_output_tokens (Responses),
 	// else SGLang's sampling_params.max_new_tokens; 0 when absent or not a whole number in
 	// [1, 2^31-1].
@@ -122,7 +125,7 @@ const keepScratch = 256 << 10
 func (p *parser) release() {
 	p.scanner.b = nil
 	for _, b := range []*[]byte{
-		&p.key, &p.model, &p.session, &p.num, &p.role, &p.content, &p.tools, &p.name, &p.args,
+		&p.key, &p.model, &p.session, &p.prev, &p.num, &p.role, &p.content, &p.tools, &p.name, &p.args,
 		&p.typ, &p.fname, &p.fargs, &p.fin, &p.output, &p.summary,
 		&p.msgs, &p.sys, &p.prompt, &p.text, &p.defs, &p.instr, &p.input, &p.ids,
 		&p.lv[0].name, &p.lv[0].nested, &p.lv[1].name, &p.lv[1].nested,

@@ -28,6 +28,7 @@ type parser struct {
 
 	// Scratch buffers, reused across calls through the pool.
 	model, session, num     []byte
+	prev                    []byte // previous_response_id
 	role, content, tools    []byte // the message being read
 	typ, fname, fargs, fin  []byte // the Responses input item being read
 	output, summary         []byte // ... its output (function_call_output) or summary (reasoning)
@@ -40,6 +41,7 @@ type parser struct {
 // fields is what parse collects from the top-level object.
 type fields struct {
 	model, session, msgs, sys, prompt, text state
+	prev                                    state
 	defs, instr, input, ids                 state
 
 	defs0, defs1 int // where the tools definitions are in the body
@@ -118,7 +120,10 @@ func (p *parser) parse() Request {
 		case "max_output_tokens":
 			f.responses = true
 			f.maxOutput = p.tokens()
-		case "previous_response_id", "reasoning", "include", "conversation", "truncation", "max_tool_calls":
+		case "previous_response_id":
+			f.responses = true
+			p.prev, f.prev = p.stringValue(p.prev)
+		case "reasoning", "include", "conversation", "truncation", "max_tool_calls":
 			f.responses = true
 			p.skipValue()
 		case "input_ids":
@@ -162,6 +167,9 @@ func (p *parser) parse() Request {
 	}
 	if f.session == done {
 		req.Session = string(p.session)
+	}
+	if f.prev == done {
+		req.PreviousResponseID = string(p.prev)
 	}
 	switch {
 	case f.maxCompletion > 0:

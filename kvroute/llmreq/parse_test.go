@@ -13,8 +13,8 @@ import (
 func msg(role, text string) string { return role + "\x1f" + text + "\x1e" }
 
 func show(r Request) string {
-	return fmt.Sprintf("{%v model=%q text=%q session=%q max_tokens=%d stream=%v truncated=%v}",
-		r.Format, r.Model, r.Text, r.Session, r.MaxTokens, r.Stream, r.Truncated)
+	return fmt.Sprintf("{%v model=%q text=%q session=%q previous_response_id=%q max_tokens=%d stream=%v truncated=%v}",
+		r.Format, r.Model, r.Text, r.Session, r.PreviousResponseID, r.MaxTokens, r.Stream, r.Truncated)
 }
 
 // ph is the placeholder of a non-text part written as raw.
@@ -137,7 +137,7 @@ var parseTests = []struct {
 	{"responses tools", `{"input":"Hi","instructions":"S","tools":[{"type":"web_search"}]}`,
 		Request{Format: Responses, Text: msg("system", "S") + msg("tools", `[{"type":"web_search"}]`) + msg("user", "Hi")}},
 	{"responses previous_response_id", `{"model":"gpt","previous_response_id":"resp_1","input":"And then?","prompt_cache_key":"c7"}`,
-		Request{Format: Responses, Model: "gpt", Text: msg("user", "And then?"), Session: "c7"}},
+		Request{Format: Responses, Model: "gpt", Text: msg("user", "And then?"), Session: "c7", PreviousResponseID: "resp_1"}},
 	{"responses instructions only", `{"instructions":"S"}`, Request{Format: Responses, Text: msg("system", "S")}},
 	{"responses input without a Responses field", `{"model":"gpt","input":"Hi"}`, Request{Model: "gpt"}},
 	{"responses max_tokens first", `{"input":"x","max_output_tokens":5,"max_tokens":7}`, Request{Format: Responses, Text: msg("user", "x"), MaxTokens: 7}},

@@ -35,6 +35,7 @@ func refParseAs(body []byte, hint Format) (req Request, ok bool) {
 	}
 	req.Model, _ = str(top["model"])
 	req.Session, _ = str(top["prompt_cache_key"])
+	req.PreviousResponseID, _ = str(top["previous_response_id"])
 	req.Stream = string(top["stream"]) == "true"
 	switch {
 	case refTokens(top["max_completion_tokens"]) > 0:

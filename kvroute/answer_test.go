@@ -1,0 +1,147 @@
+package kvroute
+
+import (
+	"strings"
+	"testing"
+)
+
+// Real answers' shapes: vLLM (OpenAI chat and completions, Responses), Anthropic's Messages
+// API, llama.cpp's server.
+var answerCases = []struct {
+	name        string
+	kind        answerKind
+	responses   bool
+	body        string
+	want        usage
+	wantContent bool
+}{
+	{"chat json", answerJSON, false,
+		`{"id":"chatcmpl-1","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"Hi \"usage\":{\"prompt_tokens\":9}"}}],` +
+			`"usage":{"prompt_tokens":1200,"total_tokens":1210,"completion_tokens":10,"prompt_tokens_details":{"cached_tokens":1024}}}`,
+		usage{ok: true, prompt: 1200, cached: 1024, cachedKnown: true}, true},
+	{"chat json without cached tokens", answerJSON, false,
+		`{"id":"x","choices":[],"usage":{"prompt_tokens":12,"completion_tokens":3,"prompt_tokens_details":null}}`,
+		usage{ok: true, prompt: 12}, true},
+	{"chat json without usage", answerJSON, false, `{"id":"x","choices":[{"message":{"content":"usage"}}]}`, usage{}, true},
+	{"chat stream with usage", answerSSE, false,
+		"data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"\"}}]}\n\n" +
+			"data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"Hel\"}}]}\n\n" +
+			"data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"choices\":[],\"usage\":{\"prompt_tokens\":500,\"completion_tokens\":2,\"prompt_tokens_details\":{\"cached_tokens\":496}}}\n\n" +
+			"data: [DONE]\n\n",
+		usage{ok: true, prompt: 500, cached: 496, cachedKnown: true}, true},
+	{"chat stream, role chunk only", answerSSE, false,
+		"data: {\"choices\":[{\"delta\":{\"role\":\"assistant\",\"content\":\"\"}}]}\r\n\r\n", usage{}, false},
+	{"chat stream reasoning", answerSSE, false,
+		"data: {\"choices\":[{\"delta\":{\"reasoning_content\":\"hmm\"}}]}\n\n", usage{}, true},
+	{"completions stream", answerSSE, false,
+		"data: {\"object\":\"text_completion\",\"choices\":[{\"text\":\"a\",\"index\":0}]}\n\ndata: {\"choices\":[],\"usage\":{\"prompt_tokens\":64,\"prompt_tokens_details\":{\"cached_tokens\":0}}}\n\ndata: [DONE]\n\n",
+		usage{ok: true, prompt: 64, cachedKnown: true}, true},
+	{"responses json", answerJSON, true,
+		`{"id":"resp_abc123","object":"response","status":"completed","output":[{"type":"message","content":[{"type":"output_text","text":"hi"}]}],` +
+			`"usage":{"input_tokens":300,"input_tokens_details":{"cached_tokens":256},"output_tokens":2,"total_tokens":302}}`,
+		usage{ok: true, prompt: 300, cached: 256, cachedKnown: true, respID: "resp_abc123"}, true},
+	{"responses stream", answerSSE, true,
+		"event: response.created\ndata: {\"type\":\"response.created\",\"sequence_number\":0,\"response\":{\"id\":\"resp_s1\",\"object\":\"response\",\"status\":\"in_progress\",\"usage\":null}}\n\n" +
+			"event: response.output_text.delta\ndata: {\"type\":\"response.output_text.delta\",\"item_id\":\"msg_1\",\"delta\":\"Hi\"}\n\n" +
+			"event: response.completed\ndata: {\"type\":\"response.completed\",\"response\":{\"id\":\"resp_s1\",\"object\":\"response\",\"output\":[{\"content\":[{\"text\":\"Hi\"}]}],\"usage\":{\"input_tokens\":40,\"input_tokens_details\":{\"cached_tokens\":32},\"output_tokens\":1}}}\n\n",
+		usage{ok: true, prompt: 40, cached: 32, cachedKnown: true, respID: "resp_s1"}, true},
+	{"responses created only", answerSSE, true,
+		"event: response.created\ndata: {\"type\":\"response.created\",\"response\":{\"id\":\"resp_s2\",\"object\":\"response\"}}\n\n",
+		usage{respID: "resp_s2"}, false},
+	{"anthropic json", answerJSON, false,
+		`{"id":"msg_1","type":"message","role":"assistant","content":[{"type":"text","text":"Hi"}],"usage":{"input_tokens":20,"cache_creation_input_tokens":100,"cache_read_input_tokens":2000,"output_tokens":5}}`,
+		usage{ok: true, prompt: 2120, cached: 2000, cachedKnown: true}, true},
+	{"anthropic stream", answerSSE, false,
+		"event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"msg_1\",\"type\":\"message\",\"content\":[],\"usage\":{\"input_tokens\":7,\"cache_creation_input_tokens\":0,\"cache_read_input_tokens\":1500,\"output_tokens\":1}}}\n\n" +
+			"event: ping\ndata: {\"type\": \"ping\"}\n\n" +
+			"event: content_block_start\ndata: {\"type\":\"content_block_start\",\"index\":0,\"content_block\":{\"type\":\"text\",\"text\":\"\"}}\n\n" +
+			"event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"Hello\"}}\n\n" +
+			"event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"end_turn\"},\"usage\":{\"output_tokens\":15}}\n\n" +
+			"event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n",
+		usage{ok: true, prompt: 1507, cached: 1500, cachedKnown: true}, true},
+	{"llama.cpp json", answerJSON, false,
+		`{"content":"Hi","tokens_predicted":1,"timings":{"prompt_n":100,"prompt_ms":50.5,"cache_n":900,"predicted_n":1}}`,
+		usage{ok: true, prompt: 1000, cached: 900, cachedKnown: true, computed: 100, prefillMS: 50.5}, true},
+	{"llama.cpp chat with timings", answerJSON, false,
+		`{"choices":[{"message":{"content":"x"}}],"usage":{"prompt_tokens":1000,"completion_tokens":1},"timings":{"prompt_n":100,"prompt_ms":20,"cache_n":900}}`,
+		usage{ok: true, prompt: 1000, computed: 100, prefillMS: 20}, true},
+
+	// Lies and junk: ignored, counted, never trusted.
+	{"cached above prompt", answerJSON, false, `{"usage":{"prompt_tokens":10,"prompt_tokens_details":{"cached_tokens":11}}}`, usage{lies: true}, true},
+	{"negative", answerJSON, false, `{"usage":{"prompt_tokens":-5}}`, usage{lies: true}, true},
+	{"NaN", answerJSON, false, `{"usage":{"prompt_tokens":NaN,"prompt_tokens_details":{"cached_tokens":1}}}`, usage{lies: true}, true},
+	{"1e12", answerJSON, false, `{"usage":{"prompt_tokens":1e12}}`, usage{lies: true}, true},
+	{"10^12 digits", answerJSON, false, `{"usage":{"prompt_tokens":1000000000000}}`, usage{lies: true}, true},
+	{"fraction", answerJSON, false, `{"usage":{"prompt_tokens":10.5}}`, usage{lies: true}, true},
+	{"usage as a string", answerJSON, false, `{"usage":{"prompt_tokens":"10"}}`, usage{}, true},
+	{"usage deep in content", answerSSE, false,
+		"data: {\"choices\":[{\"delta\":{\"content\":\"{\\\"usage\\\":{\\\"prompt_tokens\\\":99}}\"}}]}\n\n", usage{}, true},
+	{"nested usage is not the usage", answerJSON, false, `{"choices":[{"usage":{"prompt_tokens":5}}]}`, usage{}, true},
+	{"escaped key", answerJSON, false, `{"\u0075sage":{"prompt_tokens":5}}`, usage{}, true},
+	{"cut json", answerJSON, false, `{"usage":{"prompt_tokens":5}`, usage{}, true},
+	{"trailing garbage", answerJSON, false, `{"usage":{"prompt_tokens":5}} x`, usage{}, true},
+	{"stream cut mid-event", answerSSE, false,
+		"data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\ndata: {\"choices\":[],\"usage\":{\"prompt_tokens\":5}}", usage{}, true},
+	{"id of a chat answer is no response id", answerJSON, true, `{"id":"chatcmpl-9","object":"chat.completion","usage":{"prompt_tokens":5}}`,
+		usage{ok: true, prompt: 5}, true},
+	{"response id of a request that was not a Responses request", answerJSON, false, `{"id":"resp_1","object":"response"}`, usage{}, true},
+}
+
+func TestAnswerObserver(t *testing.T) {
+	for _, tc := range answerCases {
+		t.Run(tc.name, func(t *testing.T) {
+			// Whole, then split at every byte: the engine's writes and Caddy's copy buffer cut
+			// answers anywhere.
+			splits := []int{len(tc.body)}
+			for i := 1; i < len(tc.body); i++ {
+				splits = append(splits, i)
+			}
+			for _, at := range splits {
+				var o answerObserver
+				o.begin(tc.kind, tc.responses)
+				firsts := 0
+				for _, part := range []string{tc.body[:at], tc.body[at:]} {
+					if o.write([]byte(part)) {
+						firsts++
+					}
+				}
+				got := o.finish()
+				if got != tc.want {
+					t.Fatalf("split at %d: got %+v, want %+v", at, got, tc.want)
+				}
+				if wantFirsts := map[bool]int{true: 1, false: 0}[tc.wantContent]; firsts != wantFirsts {
+					t.Fatalf("split at %d: first content reported %d times, want %d", at, firsts, wantFirsts)
+				}
+			}
+		})
+	}
+}
+
+// TestAnswerObserverBounds: a final chunk of megabytes and a JSON answer beyond the bound are
+// given up (counted), the events after a huge one still read.
+func TestAnswerObserverBounds(t *testing.T) {
+	huge := "data: {\"choices\":[{\"delta\":{\"content\":\"" + strings.Repeat("x", 3<<20) + "\"}}],\"usage\":{\"prompt_tokens\":1}}\n\n"
+	final := "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":7,\"prompt_tokens_details\":{\"cached_tokens\":3}}}\n\n"
+	var o answerObserver
+	o.begin(answerSSE, false)
+	for i := 0; i < len(huge); i += 32 << 10 {
+		o.write([]byte(huge[i:min(len(huge), i+32<<10)]))
+	}
+	o.write([]byte(final))
+	if got := o.finish(); got != (usage{ok: true, prompt: 7, cached: 3, cachedKnown: true}) || o.gaveUps != 1 {
+		t.Fatalf("got %+v with %d given up, want the final usage and 1 given up", got, o.gaveUps)
+	}
+
+	o.begin(answerJSON, false)
+	body := `{"choices":[{"message":{"content":"` + strings.Repeat("y", 2<<20) + `"}}],"usage":{"prompt_tokens":5}}`
+	o.write([]byte(body))
+	if got := o.finish(); got.ok || o.gaveUps != 1 {
+		t.Fatalf("a JSON answer over the bound: got %+v with %d given up, want nothing and 1", got, o.gaveUps)
+	}
+
+	o.begin(answerJSON, false)
+	o.write([]byte(strings.Repeat("[", 1000)))
+	if got := o.finish(); got.ok {
+		t.Fatalf("deep nesting: got %+v", got)
+	}
+}
