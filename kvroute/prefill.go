@@ -16,7 +16,9 @@ import (
 // which llm_feedback has reported a first token is trusted to report every one: its requests
 // count until their first token or their end, however late.
 
-// prefillShare is one request's share of its pick's queued prefill.
+// prefillShare is one request's share of its pick's queued prefill. It is allocated apart from
+// the request: a queue entry that outlives its request (dropped at a later decision) then pins
+// these few bytes, not the request's held body (up to max_body).
 type prefillShare struct {
 	mu       sync.Mutex
 	on       *upstreamState // nil: counted nowhere
@@ -29,7 +31,12 @@ type prefillShare struct {
 // attempt's pick), until ttft nanoseconds from now at the latest when u gets no feedback.
 func (lr *llmRequest) startPrefill(u *upstreamState, uncached, ttft int64) {
 	now := time.Now().UnixNano()
-	p := &lr.prefill
+	p := lr.prefill.Load()
+	if p == nil {
+		// Select is the only writer, one attempt at a time: no other store can race this one.
+		p = new(prefillShare)
+		lr.prefill.Store(p)
+	}
 	p.mu.Lock()
 	if p.on != nil {
 		p.on.prefillTokens.Add(-p.tokens)
@@ -39,13 +46,16 @@ func (lr *llmRequest) startPrefill(u *upstreamState, uncached, ttft int64) {
 	u.prefillTokens.Add(p.tokens)
 	gen, deadline := p.gen, p.deadline
 	p.mu.Unlock()
-	u.prefillQ.push(pendingPrefill{lr: lr, gen: gen, deadline: deadline})
+	u.prefillQ.push(pendingPrefill{share: p, gen: gen, deadline: deadline})
 }
 
 // endPrefill takes the request's uncached tokens out of its pick's queued prefill, once per
 // attempt. fromFeedback: llm_feedback saw its first token (the upstream then reports them).
 func (lr *llmRequest) endPrefill(fromFeedback bool) {
-	p := &lr.prefill
+	p := lr.prefill.Load()
+	if p == nil {
+		return // never counted
+	}
 	p.mu.Lock()
 	u := p.on
 	if u != nil {
@@ -60,8 +70,7 @@ func (lr *llmRequest) endPrefill(fromFeedback bool) {
 
 // expireIf ends the attempt gen's prefill when it is still counted on u and either past its
 // deadline (expire) or not counted any more; it reports whether the queue entry can go.
-func (lr *llmRequest) expireIf(u *upstreamState, gen uint32, now int64, expire bool) bool {
-	p := &lr.prefill
+func (p *prefillShare) expireIf(u *upstreamState, gen uint32, now int64, expire bool) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.on != u || p.gen != gen {
@@ -77,7 +86,7 @@ func (lr *llmRequest) expireIf(u *upstreamState, gen uint32, now int64, expire b
 
 // pendingPrefill is a queue entry: a request's attempt counted on the queue's upstream.
 type pendingPrefill struct {
-	lr       *llmRequest
+	share    *prefillShare
 	gen      uint32
 	deadline int64
 }
@@ -111,7 +120,7 @@ func (u *upstreamState) expirePrefill(now int64) {
 	defer q.mu.Unlock()
 	for q.head < len(q.q) {
 		e := q.q[q.head]
-		if !e.lr.expireIf(u, e.gen, now, expire) {
+		if !e.share.expireIf(u, e.gen, now, expire) {
 			break
 		}
 		q.q[q.head] = pendingPrefill{}
@@ -124,7 +133,7 @@ func (u *upstreamState) expirePrefill(now int64) {
 	if n := len(q.q) - q.head; n > maxCompactEvery && n > 2*int(u.inFlight.Load())+maxCompactEvery {
 		kept := q.q[:0]
 		for _, e := range q.q[q.head:] {
-			if !e.lr.expireIf(u, e.gen, now, expire) {
+			if !e.share.expireIf(u, e.gen, now, expire) {
 				kept = append(kept, e)
 			}
 		}

@@ -41,7 +41,7 @@ type llmRequest struct {
 	// tokens is the prompt's estimated tokens, set when it is first placed.
 	tokens atomic.Int64
 	// prefill is its share of its pick's queued prefill (prefill.go).
-	prefill prefillShare
+	prefill atomic.Pointer[prefillShare]
 
 	// attempt is the latest attempt, for its outcome (health.go).
 	attempt atomic.Pointer[attempt]
