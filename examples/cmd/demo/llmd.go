@@ -266,9 +266,27 @@ func (f *llmdFleet) Client(conns int) *http.Client { return llmdClient(conns) }
 
 // Fresh restarts the workers on the same ports: the simulator has no reset endpoint. A worker
 // that had to be killed (slow to stop on a loaded machine) is only worth a warning.
+//
+// A port freed by the stop may be taken meanwhile (an outgoing connection of a busy machine gets
+// it as its local port), and the worker then never answers: the fleet moves to new free ports
+// once, which Caddy, started after Fresh, is given.
 func (f *llmdFleet) Fresh(ctx context.Context) error {
 	if err := f.stop(); err != nil {
 		fmt.Fprintln(os.Stderr, "warning:", err)
+	}
+	err := f.start(ctx)
+	if err == nil || ctx.Err() != nil {
+		return err
+	}
+	fmt.Fprintln(os.Stderr, "warning:", err, "- starting the workers on new ports")
+	if serr := f.stop(); serr != nil {
+		fmt.Fprintln(os.Stderr, "warning:", serr)
+	}
+	if f.ports, err = freePorts(len(f.ports)); err != nil {
+		return err
+	}
+	for i, p := range f.ports {
+		f.addrs[i] = net.JoinHostPort("127.0.0.1", strconv.Itoa(p))
 	}
 	return f.start(ctx)
 }
