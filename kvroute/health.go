@@ -388,8 +388,11 @@ func (s *state) judge(repl *caddy.Replacer, a *attempt, ended bool, err error) {
 		return
 	}
 	if a.answered(repl) {
-		if !served(repl) {
+		switch {
+		case !served(repl):
 			a.u.learn.sent.unsent(a.chars, a.matched)
+		case ended:
+			a.u.learn.sent.ended.Add(int64(a.chars))
 		}
 		s.healthy(a.u, false, "response")
 		return

@@ -48,6 +48,9 @@ const (
 	// limitsChange: a model's chars per token that moved by more than this share from the one
 	// the trees' bounds were computed with recomputes them.
 	limitsChange = 0.02
+	// maxCharsBias bounds the error of a published chars per token that the requests in flight
+	// at the window's edges may cause (learnChars).
+	maxCharsBias = 0.05
 	// maxLearnedModels bounds the models a chars per token is learned for.
 	maxLearnedModels = 256
 )
@@ -62,6 +65,11 @@ type sentCounts struct {
 	requests atomic.Int64
 	chars    atomic.Int64
 	matched  atomic.Int64
+	// ended are the chars of the requests the engine served, counted as each ends: an engine
+	// counts a request's prompt tokens somewhere between its decision and its end (ours at
+	// its prefill, vLLM at its first token, llm-d's simulator at its end), so the engine's
+	// count over a window lies between the chars sent and the chars ended in it.
+	ended atomic.Int64
 	// model is the model of the requests sent (a *string); mixed: more than one model since
 	// the last interval, when no chars per token is learned from it.
 	model atomic.Pointer[string]
@@ -94,11 +102,12 @@ func (c *sentCounts) unsent(chars, matched int) {
 type upstreamLearn struct {
 	sent sentCounts
 
-	mu       sync.Mutex
-	prefill  []float64 // the latest speed samples, at most speedWindow
-	decode   []float64
-	lastSent [3]int64 // sent.requests, chars and matched at the previous interval
-	lastRaw  int64    // the engine's load beyond this router's at the previous reading
+	mu        sync.Mutex
+	prefill   []float64 // the latest speed samples, at most speedWindow
+	decode    []float64
+	lastSent  [3]int64 // sent.requests, chars and matched at the previous interval
+	lastEnded int64    // sent.ended at the previous interval
+	lastRaw   int64    // the engine's load beyond this router's at the previous reading
 
 	// answers are prefill speed samples from single answers (llm_feedback: learnAnswer), and
 	// answerSpeed their median (float64 bits; 0 until there are minSpeedSamples of them).
@@ -211,6 +220,9 @@ func (s *state) learnFrom(u *upstreamState, cur *telemetry.Snapshot) {
 	dSent := [3]int64{sent[0] - l.lastSent[0], sent[1] - l.lastSent[1], sent[2] - l.lastSent[2]}
 	first := l.figures.Load() == nil
 	l.lastSent = sent
+	ended := l.sent.ended.Load()
+	dEnded := ended - l.lastEnded
+	l.lastEnded = ended
 	mixed := l.sent.mixed.Swap(false)
 	raw := int64(0)
 	if e := u.engine.Load(); e != nil {
@@ -254,7 +266,7 @@ func (s *state) learnFrom(u *upstreamState, cur *telemetry.Snapshot) {
 			}
 		}
 		if m := l.sent.model.Load(); m != nil && !mixed && !external {
-			s.learnChars(*m, d, dSent)
+			s.learnChars(*m, d, dSent, dEnded)
 		}
 	}
 	l.routed.add(float64(dSent[1]))
@@ -288,7 +300,14 @@ func (s *state) learnFrom(u *upstreamState, cur *telemetry.Snapshot) {
 // nothing count too, or the tokens of requests sent just before a reading would be lost and the
 // figure biased up. The figure is published only while the engine, over the window, started no
 // more requests than this router sent it (its TTFT or prefill-time count, where exported).
-func (s *state) learnChars(model string, d *telemetry.Delta, dSent [3]int64) {
+//
+// The engine counts each request between its decision and its end: over a window its tokens
+// are those of the chars sent, less or more the requests in flight at the window's edges (all
+// of a short run's: 16 clients in 300 requests are 5%). The chars taken are the midpoint of the
+// chars sent and the chars ended in the window, and the figure is published only while these
+// differ by at most 1.8 × maxCharsBias of it: its error is then within maxCharsBias, whichever
+// moment the engine counts at (half the gap, over the chars sent or ended).
+func (s *state) learnChars(model string, d *telemetry.Delta, dSent [3]int64, dEnded int64) {
 	tokens := 0.0
 	switch {
 	case d.Known.Has(telemetry.HasPromptTokens):
@@ -323,11 +342,12 @@ func (s *state) learnChars(model string, d *telemetry.Delta, dSent [3]int64) {
 	}
 	mc := v.(*modelChars)
 	mc.mu.Lock()
-	mc.window = pushInterval(mc.window, charsInterval{chars: float64(dSent[1]), tokens: tokens,
+	mc.window = pushInterval(mc.window, charsInterval{chars: float64(dSent[1]), ended: float64(dEnded), tokens: tokens,
 		sent: float64(dSent[0]), started: started})
 	var sum charsInterval
 	for _, w := range mc.window {
 		sum.chars += w.chars
+		sum.ended += w.ended
 		sum.tokens += w.tokens
 		if w.started >= 0 {
 			sum.sent += w.sent
@@ -336,10 +356,12 @@ func (s *state) learnChars(model string, d *telemetry.Delta, dSent [3]int64) {
 	}
 	n := len(mc.window)
 	mc.mu.Unlock()
-	if sum.tokens < minCharsTokens || n < minCharsIntervals || sum.chars <= 0 || sum.started > sum.sent*1.25+2 {
+	mid := (sum.chars + sum.ended) / 2
+	if sum.tokens < minCharsTokens || n < minCharsIntervals || mid <= 0 || sum.started > sum.sent*1.25+2 ||
+		math.Abs(sum.chars-sum.ended) > 1.8*maxCharsBias*mid {
 		return
 	}
-	c := min(maxCharsPerToken, max(minCharsPerToken, sum.chars/sum.tokens))
+	c := min(maxCharsPerToken, max(minCharsPerToken, mid/sum.tokens))
 	mc.value.Store(math.Float64bits(c))
 	if used := math.Float64frombits(mc.used.Load()); used == 0 || math.Abs(c-used) > limitsChange*used {
 		mc.used.Store(math.Float64bits(c))
@@ -350,9 +372,10 @@ func (s *state) learnChars(model string, d *telemetry.Delta, dSent [3]int64) {
 }
 
 // charsInterval is one interval of a model's chars per token: routing chars and requests this
-// router sent, prompt tokens and requests started (-1: not exported) its engine counted.
+// router sent, the chars of those that ended, prompt tokens and requests started (-1: not
+// exported) its engine counted.
 type charsInterval struct {
-	chars, tokens, sent, started float64
+	chars, ended, tokens, sent, started float64
 }
 
 func pushInterval(w []charsInterval, v charsInterval) []charsInterval {

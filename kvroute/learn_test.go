@@ -15,8 +15,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/caddyserver/caddy/v2"
+
 	"github.com/kvroute/caddy-kvroute/kvroute/cluster"
 	"github.com/kvroute/caddy-kvroute/kvroute/llmreq"
+	"github.com/kvroute/caddy-kvroute/kvroute/telemetry"
 )
 
 // countingEngine answers completions as backend does and exports vLLM's totals for what it
@@ -29,6 +32,9 @@ type countingEngine struct {
 	// refuse, when set, is the status the engine answers the nth request with (from 0)
 	// instead of serving it (0: serve): a refused request is never prefilled nor counted.
 	refuse func(n int) int
+	// hold keeps each request about this long before it is answered, and counted (as llm-d's
+	// simulator counts a request's prompt tokens when it ends).
+	hold time.Duration
 
 	mu                    sync.Mutex
 	prompt, hits, prefill float64
@@ -61,6 +67,12 @@ func (e *countingEngine) serve(w http.ResponseWriter, r *http.Request) {
 		e.mu.Lock()
 		n := e.seen
 		e.seen++
+		e.mu.Unlock()
+		if e.hold > 0 {
+			// From 0.4 to 1.6 × hold, so that the clients do not move in step.
+			time.Sleep(e.hold * time.Duration(40+n*37%120) / 100)
+		}
+		e.mu.Lock()
 		if e.refuse != nil {
 			if status := e.refuse(n); status != 0 {
 				e.mu.Unlock()
@@ -334,5 +346,55 @@ func TestPeerLearnedFigures(t *testing.T) {
 	}, "the peer's restart counted once and its speed standing in")
 	if st := upstreamStatus(t, keep.addr()).Learned; st.Restarts != 0 {
 		t.Errorf("an old restart counted: %+v", st)
+	}
+}
+
+// TestCharsPerTokenWithRequestsInFlight: an engine that counts a request's prompt tokens when
+// it ends (llm-d's simulator) while the router counts it at its decision: over a window, the
+// chars of the requests in flight at its edges are in the router's count and not the engine's.
+// Here 10 requests of 700 chars (100 tokens at 7 chars per token) are decided every interval and
+// end after the next reading, through the same outcome path as under Caddy (judge, with the
+// response's latency and status set as Caddy sets them). Counting the decisions alone published
+// 9.33 (a third too many chars, on the 4th interval); every figure published must be within 5%
+// of 7.
+func TestCharsPerTokenWithRequestsInFlight(t *testing.T) {
+	s := newState()
+	u := s.upstream("engine:1")
+	published := 0
+	var decided, ending []*attempt
+	counted := 0 // requests the engine counted since the last reading
+	for interval := 0; interval < 40; interval++ {
+		// This interval's requests are decided; the engine is read; then the requests
+		// decided an interval earlier end, counted by the engine as they do: at each reading
+		// 20 requests are in flight, and the first reading found none.
+		for range 10 {
+			u.learn.sent.sent("flight-m", 700, 0)
+			decided = append(decided, &attempt{u: u, model: "flight-m", chars: 700})
+		}
+		cur := &telemetry.Snapshot{Key: u.addr, Outcome: telemetry.OutcomeOK}
+		if interval > 0 {
+			cur.Delta = &telemetry.Delta{Seconds: 1, PromptTokens: float64(100 * counted), Known: telemetry.HasPromptTokens}
+		}
+		s.learnFrom(u, cur)
+		for _, a := range ending {
+			repl := caddy.NewReplacer()
+			repl.Set(latencyKey, 50*time.Millisecond)
+			repl.Set(statusKey, http.StatusOK)
+			s.judge(repl, a, true, nil)
+		}
+		counted = len(ending)
+		ending, decided = decided, nil
+		if c := s.charsPerToken("flight-m"); c != DefaultCharsPerToken {
+			published++
+			if math.Abs(c-7)/7 > 0.05 {
+				t.Fatalf("interval %d: published %.3f chars per token, want 7 ± 5%%", interval, c)
+			}
+		}
+	}
+	if published == 0 {
+		t.Fatal("no chars per token published in 40 intervals")
+	}
+	if c := s.charsPerToken("flight-m"); math.Abs(c-7) > 0.01 {
+		t.Errorf("with the window full of whole intervals: %.3f chars per token, want 7", c)
 	}
 }

@@ -38,6 +38,10 @@ const (
 	llmdSlots      = 8
 )
 
+// llmdStartTimeout is how long a worker may take to answer /health after it starts: seconds
+// on a quiet machine, more on a loaded one.
+const llmdStartTimeout = time.Minute
+
 // llmdFleet runs one llm-d-inference-sim process per worker.
 type llmdFleet struct {
 	bin    string
@@ -153,7 +157,7 @@ func (f *llmdFleet) start(ctx context.Context) error {
 			return err
 		}
 	}
-	deadline := time.Now().Add(30 * time.Second)
+	deadline := time.Now().Add(llmdStartTimeout)
 	for i := range f.addrs {
 		if err := f.waitHealthy(ctx, i, deadline); err != nil {
 			return err
@@ -200,7 +204,7 @@ func (f *llmdFleet) waitHealthy(ctx context.Context, i int, deadline time.Time) 
 			return ctx.Err()
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("llm-d-inference-sim w%d on %s not healthy after 30s (log: %s)", i, a, filepath.Join(f.logDir, fmt.Sprintf("w%d.log", i)))
+			return fmt.Errorf("llm-d-inference-sim w%d on %s not healthy after %v (log: %s)", i, a, llmdStartTimeout, filepath.Join(f.logDir, fmt.Sprintf("w%d.log", i)))
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
@@ -242,7 +246,7 @@ func (f *llmdFleet) Restart(ctx context.Context, i int) error {
 	if err := f.startOne(i); err != nil {
 		return err
 	}
-	return f.waitHealthy(ctx, i, time.Now().Add(30*time.Second))
+	return f.waitHealthy(ctx, i, time.Now().Add(llmdStartTimeout))
 }
 
 func (f *llmdFleet) PrefillSpeeds() []float64 { return f.prefill }
@@ -260,10 +264,29 @@ func (f *llmdFleet) Prompt() func(workload.Call) llmsim.Prompt {
 // Client adds "ignore_eos": true to every request (llmdClient).
 func (f *llmdFleet) Client(conns int) *http.Client { return llmdClient(conns) }
 
-// Fresh restarts the workers on the same ports: the simulator has no reset endpoint.
+// Fresh restarts the workers on the same ports: the simulator has no reset endpoint. A worker
+// that had to be killed (slow to stop on a loaded machine) is only worth a warning.
+//
+// A port freed by the stop may be taken meanwhile (an outgoing connection of a busy machine gets
+// it as its local port), and the worker then never answers: the fleet moves to new free ports
+// once, which Caddy, started after Fresh, is given.
 func (f *llmdFleet) Fresh(ctx context.Context) error {
 	if err := f.stop(); err != nil {
+		fmt.Fprintln(os.Stderr, "warning:", err)
+	}
+	err := f.start(ctx)
+	if err == nil || ctx.Err() != nil {
 		return err
+	}
+	fmt.Fprintln(os.Stderr, "warning:", err, "- starting the workers on new ports")
+	if serr := f.stop(); serr != nil {
+		fmt.Fprintln(os.Stderr, "warning:", serr)
+	}
+	if f.ports, err = freePorts(len(f.ports)); err != nil {
+		return err
+	}
+	for i, p := range f.ports {
+		f.addrs[i] = net.JoinHostPort("127.0.0.1", strconv.Itoa(p))
 	}
 	return f.start(ctx)
 }
