@@ -313,9 +313,13 @@ type feedbackState struct {
 	predicted, reported atomicFloat // cached tokens, over the answers that reported them
 	givenUp             atomicFloat // tokens of prefix given up for balance, at decision time
 
-	misses      atomic.Uint64 // answers with fewer cached tokens than predicted, by more than a KV block
-	unconfirmed atomic.Uint64 // misses not acted on: an earlier attempt on the upstream was still in prefill
-	trimmed     atomic.Int64  // chars the tree stopped claiming for it
+	// Misses: answers with fewer cached tokens than predicted, by more than a KV block. Each is
+	// counted once it was acted on: corrected (the tree trimmed), or unconfirmed (left alone: an
+	// earlier attempt on the upstream was still in prefill).
+	corrected, unconfirmed atomic.Uint64
+	// credited counts the answers whose crediting is over: tests wait for it.
+	credited atomic.Uint64
+	trimmed  atomic.Int64 // chars the tree stopped claiming for it
 	// share scales the upstream's tree bound (float64 bits; 0 means 1): misses shrink it
 	// toward what its engine holds, hits let it grow back.
 	share   atomic.Uint64
@@ -323,6 +327,9 @@ type feedbackState struct {
 	// respIDs counts the Responses ids bound to it.
 	respIDs atomic.Uint64
 }
+
+// misses is how many answers reported fewer cached tokens than the tree predicted.
+func (f *feedbackState) misses() uint64 { return f.corrected.Load() + f.unconfirmed.Load() }
 
 func (f *feedbackState) appliedShare() float64 {
 	if b := f.applied.Load(); b != 0 {
@@ -371,6 +378,7 @@ func (f *feedbackState) shareNow() float64 {
 // credit takes in what one answer reported.
 func (s *state) credit(r *http.Request, lr *llmRequest, a *attempt, u usage, gaveUps int, firstAt time.Time) {
 	fb := &a.u.feedback
+	defer fb.credited.Add(1)
 	p := &a.pred
 	fb.answers.Add(1)
 	fb.gaveUp.Add(uint64(gaveUps))
@@ -410,11 +418,11 @@ func (s *state) credit(r *http.Request, lr *llmRequest, a *attempt, u usage, gav
 		s.reshare(a.u, growFactor)
 		return
 	}
-	fb.misses.Add(1)
 	if p.ahead > 0 {
 		fb.unconfirmed.Add(1)
 		return
 	}
+	defer fb.corrected.Add(1)
 	// The engine computed everything beyond what it had cached: the tree stops claiming, for
 	// this upstream, the other prompts that hung off the part it lost.
 	if text := lr.routingText(r); text != "" {

@@ -384,11 +384,11 @@ func TestFeedbackPredictedAndTrim(t *testing.T) {
 	ask(t, client, "/v1/chat/completions", conv(1), "chat-json")
 	e.cached.Store(sysTokens)
 	ask(t, client, "/v1/chat/completions", conv(2), "chat-json")
-	waitUntil(t, 5*time.Second, func() bool { return fb().withCached.Load() == 2 }, "two answers credited")
+	waitUntil(t, 5*time.Second, func() bool { return fb().credited.Load() == 2 }, "two answers credited")
 	pred, rep := fb().predicted.load(), fb().reported.load()
-	if pred < float64(sysTokens-kvBlockTokens) || rep != float64(sysTokens) || fb().misses.Load() != 0 {
+	if pred < float64(sysTokens-kvBlockTokens) || rep != float64(sysTokens) || fb().misses() != 0 {
 		t.Fatalf("after a first and a second conversation sharing the system prompt: predicted %.0f, reported %.0f, %d misses; want both about %d, no miss",
-			pred, rep, fb().misses.Load(), sysTokens)
+			pred, rep, fb().misses(), sysTokens)
 	}
 
 	// The engine lost the system prompt (traffic the router did not send filled its cache).
@@ -396,7 +396,7 @@ func TestFeedbackPredictedAndTrim(t *testing.T) {
 	before := tr.TenantChars(e.addr())
 	e.cached.Store(0)
 	ask(t, client, "/v1/chat/completions", conv(3), "chat-json")
-	waitUntil(t, 5*time.Second, func() bool { return fb().misses.Load() == 1 }, "the miss")
+	waitUntil(t, 5*time.Second, func() bool { return fb().misses() == 1 }, "the miss")
 	if fb().unconfirmed.Load() != 0 || fb().trimmed.Load() == 0 {
 		t.Fatalf("a miss with no other request in prefill: %d unconfirmed, %d chars trimmed; want it acted on", fb().unconfirmed.Load(), fb().trimmed.Load())
 	}
@@ -443,9 +443,9 @@ func TestFeedbackBurstOfNewPrefix(t *testing.T) {
 	e.setHold(false)
 	wg.Wait()
 	fb := upstreamFeedback(e.addr())
-	waitUntil(t, 5*time.Second, func() bool { return fb.withCached.Load() == n }, "the burst's answers")
-	if fb.misses.Load() != n-1 || fb.unconfirmed.Load() != n-1 || fb.trimmed.Load() != 0 {
-		t.Fatalf("burst of %d: %d misses, %d unconfirmed, %d chars trimmed; want %d, %d, 0", n, fb.misses.Load(), fb.unconfirmed.Load(), fb.trimmed.Load(), n-1, n-1)
+	waitUntil(t, 5*time.Second, func() bool { return fb.misses() == n-1 }, "the burst's misses")
+	if fb.misses() != n-1 || fb.unconfirmed.Load() != n-1 || fb.trimmed.Load() != 0 {
+		t.Fatalf("burst of %d: %d misses, %d unconfirmed, %d chars trimmed; want %d, %d, 0", n, fb.misses(), fb.unconfirmed.Load(), fb.trimmed.Load(), n-1, n-1)
 	}
 	tr := currentState().forest.Get("m")
 	for i := range n {
@@ -526,7 +526,10 @@ func TestFeedbackReload(t *testing.T) {
 		ask(t, client, "/v1/chat/completions", body, "chat-sse")
 	}
 	fb := upstreamFeedback(e.addr())
-	waitUntil(t, 5*time.Second, func() bool { return fb.withCached.Load() == 6 && fb.awaiting.Load() == 0 }, "six answers credited across the reload")
+	waitUntil(t, 5*time.Second, func() bool { return fb.credited.Load() == 6 && fb.awaiting.Load() == 0 }, "six answers credited across the reload")
+	if fb.withCached.Load() != 6 {
+		t.Fatalf("%d of 6 answers reported cached tokens", fb.withCached.Load())
+	}
 }
 
 func commonRunes(a, b string) int {
