@@ -1,6 +1,7 @@
 package kvroute
 
 import (
+	"bytes"
 	"math"
 )
 
@@ -191,9 +192,12 @@ func (s *jsonScanner) write(p []byte) {
 		case sString:
 			// The fast path: runs of plain bytes in a string.
 			if !s.esc && s.uni == 0 && c != '"' && c != '\\' {
-				j := i
-				for j < len(p) && p[j] != '"' && p[j] != '\\' {
-					j++
+				j := len(p)
+				if k := bytes.IndexByte(p[i:], '"'); k >= 0 {
+					j = i + k
+				}
+				if k := bytes.IndexByte(p[i:j], '\\'); k >= 0 {
+					j = i + k
 				}
 				s.strBytes(p[i:j])
 				i = j - 1
@@ -678,9 +682,12 @@ func (o *answerObserver) sse(p []byte) {
 		case o.skipLine:
 		case o.inData:
 			// Feed the run up to the line's end in one go.
-			j := i
-			for j < len(p) && p[j] != '\n' && p[j] != '\r' {
-				j++
+			j := len(p)
+			if k := bytes.IndexByte(p[i:], '\n'); k >= 0 {
+				j = i + k
+			}
+			if k := bytes.IndexByte(p[i:j], '\r'); k >= 0 {
+				j = i + k
 			}
 			o.data(p[i:j])
 			i = j - 1

@@ -3,8 +3,8 @@ package kvroute
 import (
 	"io"
 	"math"
-	"mime"
 	"net/http"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -82,7 +82,7 @@ func (f *Feedback) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyh
 	if !hasVars(r) {
 		return next.ServeHTTP(w, r)
 	}
-	fw := &feedbackWriter{ResponseWriterWrapper: &caddyhttp.ResponseWriterWrapper{ResponseWriter: w}, r: r}
+	fw := &feedbackWriter{ResponseWriterWrapper: caddyhttp.ResponseWriterWrapper{ResponseWriter: w}, r: r}
 	caddyhttp.SetVar(r.Context(), varFeedback, fw)
 	defer fw.finish()
 	return next.ServeHTTP(fw, r)
@@ -91,7 +91,7 @@ func (f *Feedback) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyh
 // feedbackWriter passes every byte on as it comes and shows a copy to the observer. Flush,
 // Hijack and the rest reach the writer underneath through Unwrap (http.ResponseController).
 type feedbackWriter struct {
-	*caddyhttp.ResponseWriterWrapper
+	caddyhttp.ResponseWriterWrapper
 	r *http.Request
 
 	started bool
@@ -174,14 +174,14 @@ func (w *feedbackWriter) start(code int) {
 	fb := &a.u.feedback
 	h := w.ResponseWriterWrapper.Header()
 	kind := answerIgnored
-	switch ct, _, _ := mime.ParseMediaType(h.Get("Content-Type")); {
+	switch ct := mediaType(h.Get("Content-Type")); {
 	case code < 200 || code > 299:
 		fb.notRead[notReadStatus].Add(1)
 	case h.Get("Content-Encoding") != "" && h.Get("Content-Encoding") != "identity":
 		fb.notRead[notReadEncoded].Add(1)
-	case ct == "text/event-stream":
+	case strings.EqualFold(ct, "text/event-stream"):
 		kind = answerSSE
-	case ct == "application/json" || ct == "":
+	case strings.EqualFold(ct, "application/json") || ct == "":
 		kind = answerJSON
 	default:
 		fb.notRead[notReadType].Add(1)
@@ -189,6 +189,15 @@ func (w *feedbackWriter) start(code int) {
 	if kind != answerIgnored {
 		w.obs.begin(kind, lr.Format == llmreq.Responses)
 	}
+}
+
+// mediaType is a Content-Type without its parameters (mime.ParseMediaType allocates a map per
+// answer).
+func mediaType(ct string) string {
+	if i := strings.IndexByte(ct, ';'); i >= 0 {
+		ct = ct[:i]
+	}
+	return strings.TrimSpace(ct)
 }
 
 // firstContent: the attempt's first token passed. The request's uncached prefill work is done.
