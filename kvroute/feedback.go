@@ -82,6 +82,9 @@ func (f *Feedback) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyh
 	if !hasVars(r) {
 		return next.ServeHTTP(w, r)
 	}
+	if _, outer := caddyhttp.GetVar(r.Context(), varFeedback).(*feedbackWriter); outer {
+		return next.ServeHTTP(w, r) // an llm_feedback around this one reads the answer already
+	}
 	fw := &feedbackWriter{ResponseWriterWrapper: caddyhttp.ResponseWriterWrapper{ResponseWriter: w}, r: r}
 	caddyhttp.SetVar(r.Context(), varFeedback, fw)
 	defer fw.finish()

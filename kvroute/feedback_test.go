@@ -6,6 +6,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -539,4 +540,68 @@ func commonRunes(a, b string) int {
 		n++
 	}
 	return n
+}
+
+// TestFeedbackShareShrinks: misses one after another shrink what the tree remembers for the
+// upstream (its bound, 1.5 × its KV capacity) toward what the engine holds; answers that match
+// the prediction let it grow back.
+func TestFeedbackShareShrinks(t *testing.T) {
+	e := newScriptEngine(t, "e1")
+	startCaddy(t, feedbackConfig(e.addr(), fmt.Sprintf("upstream %s {\n\t\t\t\tkv_capacity 100k\n\t\t\t}", e.addr())))
+	client := &http.Client{Timeout: 20 * time.Second}
+	fb := upstreamFeedback
+	full := tenantBound(100_000, DefaultCharsPerToken)
+	sys := strings.Repeat("The engine keeps losing this system prompt. ", 30)
+	e.cached.Store(0)
+	const misses = 4
+	for i := range misses + 1 {
+		ask(t, client, "/v1/chat/completions", chatBody("m", sys, fmt.Sprintf("turn %d", i)), "chat-json")
+		waitUntil(t, 5*time.Second, func() bool { return fb(e.addr()).credited.Load() == uint64(i+1) }, "the answer credited")
+		if i == 0 {
+			// The first prompt matched nothing: no miss yet.
+			if got := getStatus(t).Upstreams[e.addr()].TreeBoundChars; got != full {
+				t.Fatalf("tree bound %d before any miss, want %d", got, full)
+			}
+		}
+	}
+	if got := fb(e.addr()).corrected.Load(); got != misses {
+		t.Fatalf("%d misses corrected, want %d", got, misses)
+	}
+	want := int64(float64(full) * math.Pow(shrinkFactor, misses))
+	got := getStatus(t).Upstreams[e.addr()].TreeBoundChars
+	if got != want {
+		t.Fatalf("after %d misses the tree bound is %d, want %d (%.2f of %d)", misses, got, want, math.Pow(shrinkFactor, misses), full)
+	}
+	// The engine holds its prefixes again: the share grows back.
+	e.cached.Store(int64(len(routingTextOf(t, chatBody("m", sys))) / 4))
+	for i := range 3 {
+		n := fb(e.addr()).credited.Load()
+		ask(t, client, "/v1/chat/completions", chatBody("m", sys, fmt.Sprintf("good turn %d", i)), "chat-json")
+		waitUntil(t, 5*time.Second, func() bool { return fb(e.addr()).credited.Load() == n+1 }, "the answer credited")
+	}
+	if sh := fb(e.addr()).shareNow(); !(sh > math.Pow(shrinkFactor, misses)) {
+		t.Fatalf("the share stayed at %v after answers that matched the prediction", sh)
+	}
+}
+
+// TestResponseBindingsBounded: a million response ids, or one id bound again and again, keep
+// the store within max_sessions; an id rebinds to the engine that answered it last.
+func TestResponseBindingsBounded(t *testing.T) {
+	s := newState()
+	s.responses.configure(1000, time.Hour)
+	for i := range 1_000_000 {
+		s.bindResponse(fmt.Sprintf("resp_%d", i), "10.0.0.1:8000")
+	}
+	if n := s.responses.len(); n > 1000 {
+		t.Fatalf("%d response bindings held, want at most 1000", n)
+	}
+	for _, up := range []string{"10.0.0.1:8000", "10.0.0.2:8000", "10.0.0.2:8000"} {
+		s.bindResponse("resp_reused", up)
+	}
+	if got, _ := s.responses.get("", s.responseKey("resp_reused"), time.Now()); got != "10.0.0.2:8000" {
+		t.Fatalf("a reused id is bound to %q", got)
+	}
+	if _, ok := s.responses.get("", "resp_reused", time.Now()); ok {
+		t.Fatal("the id is kept as it came, not as a keyed digest")
+	}
 }
