@@ -52,7 +52,7 @@ xbuild() {
 build() {
 	echo "building ./caddy with $MOD" >&2
 	xbuild "$ROOT/caddy" "$MOD=$ROOT"
-	"$ROOT/caddy" list-modules | grep -E 'kv_cache_aware|llm_prompt|admin.api.kvroute' >&2
+	"$ROOT/caddy" list-modules | grep -E 'kv_cache_aware|llm_prompt|llm_feedback|admin.api.kvroute' >&2
 }
 
 build_demo() {

@@ -1,7 +1,9 @@
 package kvroute
 
 import (
+	"bytes"
 	"math"
+	"sync"
 )
 
 // The answer observer reads an engine's answer as it passes to the client, one byte slice at a
@@ -191,9 +193,12 @@ func (s *jsonScanner) write(p []byte) {
 		case sString:
 			// The fast path: runs of plain bytes in a string.
 			if !s.esc && s.uni == 0 && c != '"' && c != '\\' {
-				j := i
-				for j < len(p) && p[j] != '"' && p[j] != '\\' {
-					j++
+				j := len(p)
+				if k := bytes.IndexByte(p[i:], '"'); k >= 0 {
+					j = i + k
+				}
+				if k := bytes.IndexByte(p[i:j], '\\'); k >= 0 {
+					j = i + k
 				}
 				s.strBytes(p[i:j])
 				i = j - 1
@@ -610,6 +615,10 @@ type answerObserver struct {
 	dataLines int  // data lines of the event so far
 	afterCR   bool
 	gaveUp    bool // the event being read is over maxEvent
+	// skim: once content flows (most events are content deltas), an event is set aside in buf,
+	// a copy, and read only when it names a usage key: a search instead of a scan of every byte.
+	skim bool
+	buf  *[]byte
 
 	// What the answer said so far.
 	contentAt bool // an event carried content (or the body started)
@@ -673,14 +682,23 @@ func (o *answerObserver) sse(p []byte) {
 		}
 		if o.lineStart {
 			o.lineStart, o.fieldLen, o.inData, o.skipLine = false, 0, false, false
+			if len(p)-i > 5 && string(p[i:i+5]) == "data:" {
+				// Nearly every line: its field name in one comparison.
+				o.startData()
+				i += 4
+				continue
+			}
 		}
 		switch {
 		case o.skipLine:
 		case o.inData:
 			// Feed the run up to the line's end in one go.
-			j := i
-			for j < len(p) && p[j] != '\n' && p[j] != '\r' {
-				j++
+			j := len(p)
+			if k := bytes.IndexByte(p[i:], '\n'); k >= 0 {
+				j = i + k
+			}
+			if k := bytes.IndexByte(p[i:j], '\r'); k >= 0 {
+				j = i + k
 			}
 			o.data(p[i:j])
 			i = j - 1
@@ -735,7 +753,36 @@ func (o *answerObserver) feed(b []byte) {
 		return
 	}
 	o.read += int64(len(b))
+	if o.skim {
+		if o.buf == nil {
+			o.buf = eventBufs.Get().(*[]byte)
+		}
+		*o.buf = append(*o.buf, b...)
+		return
+	}
 	o.sc.write(b)
+}
+
+// eventBufs holds the buffers events are set aside in while the observer skims (skim).
+var eventBufs = sync.Pool{New: func() any { b := make([]byte, 0, 4<<10); return &b }}
+
+// skimmed reports whether an event set aside names a key worth reading once the answer's
+// content flows: "usage" (chat, completions, Responses' response.completed, Anthropic's
+// message_delta) or llama.cpp's "timings". Both have a 'g', rarer in events than the quotes a
+// substring search would stop at: one IndexByte pass finds them.
+func skimmed(b []byte) bool {
+	for i := 0; ; {
+		k := bytes.IndexByte(b[i:], 'g')
+		if k < 0 {
+			return false
+		}
+		j := i + k
+		if j >= 4 && j+3 <= len(b) && string(b[j-4:j+3]) == `"usage"` ||
+			j >= 6 && j+3 <= len(b) && string(b[j-6:j+3]) == `"timings"` {
+			return true
+		}
+		i = j + 1
+	}
 }
 
 func (o *answerObserver) endLine() {
@@ -752,6 +799,17 @@ func (o *answerObserver) endLine() {
 
 // endEvent takes in the event just ended.
 func (o *answerObserver) endEvent() {
+	if o.skim && o.dataLines > 0 && !o.gaveUp {
+		if o.buf != nil && skimmed(*o.buf) {
+			o.sc.write(*o.buf)
+		} else {
+			o.dataLines = -1 // nothing worth reading: no JSON parsed, none counted
+		}
+	}
+	if o.buf != nil {
+		*o.buf = (*o.buf)[:0]
+	}
+	o.skim = o.contentAt
 	if o.dataLines != 0 {
 		switch {
 		case o.dataLines < 0: // [DONE]
@@ -843,6 +901,13 @@ func (o *answerObserver) finish() usage {
 	case answerSSE:
 		if o.dataLines > 0 {
 			o.gaveUps++ // an event cut short: never taken in
+		}
+		if o.buf != nil {
+			if cap(*o.buf) <= 64<<10 {
+				*o.buf = (*o.buf)[:0]
+				eventBufs.Put(o.buf)
+			}
+			o.buf = nil
 		}
 	}
 	return o.u

@@ -3,8 +3,8 @@ package kvroute
 import (
 	"io"
 	"math"
-	"mime"
 	"net/http"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -82,7 +82,10 @@ func (f *Feedback) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyh
 	if !hasVars(r) {
 		return next.ServeHTTP(w, r)
 	}
-	fw := &feedbackWriter{ResponseWriterWrapper: &caddyhttp.ResponseWriterWrapper{ResponseWriter: w}, r: r}
+	if _, outer := caddyhttp.GetVar(r.Context(), varFeedback).(*feedbackWriter); outer {
+		return next.ServeHTTP(w, r) // an llm_feedback around this one reads the answer already
+	}
+	fw := &feedbackWriter{ResponseWriterWrapper: caddyhttp.ResponseWriterWrapper{ResponseWriter: w}, r: r}
 	caddyhttp.SetVar(r.Context(), varFeedback, fw)
 	defer fw.finish()
 	return next.ServeHTTP(fw, r)
@@ -91,7 +94,7 @@ func (f *Feedback) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyh
 // feedbackWriter passes every byte on as it comes and shows a copy to the observer. Flush,
 // Hijack and the rest reach the writer underneath through Unwrap (http.ResponseController).
 type feedbackWriter struct {
-	*caddyhttp.ResponseWriterWrapper
+	caddyhttp.ResponseWriterWrapper
 	r *http.Request
 
 	started bool
@@ -174,14 +177,14 @@ func (w *feedbackWriter) start(code int) {
 	fb := &a.u.feedback
 	h := w.ResponseWriterWrapper.Header()
 	kind := answerIgnored
-	switch ct, _, _ := mime.ParseMediaType(h.Get("Content-Type")); {
+	switch ct := mediaType(h.Get("Content-Type")); {
 	case code < 200 || code > 299:
 		fb.notRead[notReadStatus].Add(1)
 	case h.Get("Content-Encoding") != "" && h.Get("Content-Encoding") != "identity":
 		fb.notRead[notReadEncoded].Add(1)
-	case ct == "text/event-stream":
+	case strings.EqualFold(ct, "text/event-stream"):
 		kind = answerSSE
-	case ct == "application/json" || ct == "":
+	case strings.EqualFold(ct, "application/json") || ct == "":
 		kind = answerJSON
 	default:
 		fb.notRead[notReadType].Add(1)
@@ -189,6 +192,15 @@ func (w *feedbackWriter) start(code int) {
 	if kind != answerIgnored {
 		w.obs.begin(kind, lr.Format == llmreq.Responses)
 	}
+}
+
+// mediaType is a Content-Type without its parameters (mime.ParseMediaType allocates a map per
+// answer).
+func mediaType(ct string) string {
+	if i := strings.IndexByte(ct, ';'); i >= 0 {
+		ct = ct[:i]
+	}
+	return strings.TrimSpace(ct)
 }
 
 // firstContent: the attempt's first token passed. The request's uncached prefill work is done.
@@ -313,9 +325,13 @@ type feedbackState struct {
 	predicted, reported atomicFloat // cached tokens, over the answers that reported them
 	givenUp             atomicFloat // tokens of prefix given up for balance, at decision time
 
-	misses      atomic.Uint64 // answers with fewer cached tokens than predicted, by more than a KV block
-	unconfirmed atomic.Uint64 // misses not acted on: an earlier attempt on the upstream was still in prefill
-	trimmed     atomic.Int64  // chars the tree stopped claiming for it
+	// Misses: answers with fewer cached tokens than predicted, by more than a KV block. Each is
+	// counted once it was acted on: corrected (the tree trimmed), or unconfirmed (left alone: an
+	// earlier attempt on the upstream was still in prefill).
+	corrected, unconfirmed atomic.Uint64
+	// credited counts the answers whose crediting is over: tests wait for it.
+	credited atomic.Uint64
+	trimmed  atomic.Int64 // chars the tree stopped claiming for it
 	// share scales the upstream's tree bound (float64 bits; 0 means 1): misses shrink it
 	// toward what its engine holds, hits let it grow back.
 	share   atomic.Uint64
@@ -323,6 +339,9 @@ type feedbackState struct {
 	// respIDs counts the Responses ids bound to it.
 	respIDs atomic.Uint64
 }
+
+// misses is how many answers reported fewer cached tokens than the tree predicted.
+func (f *feedbackState) misses() uint64 { return f.corrected.Load() + f.unconfirmed.Load() }
 
 func (f *feedbackState) appliedShare() float64 {
 	if b := f.applied.Load(); b != 0 {
@@ -371,6 +390,7 @@ func (f *feedbackState) shareNow() float64 {
 // credit takes in what one answer reported.
 func (s *state) credit(r *http.Request, lr *llmRequest, a *attempt, u usage, gaveUps int, firstAt time.Time) {
 	fb := &a.u.feedback
+	defer fb.credited.Add(1)
 	p := &a.pred
 	fb.answers.Add(1)
 	fb.gaveUp.Add(uint64(gaveUps))
@@ -410,11 +430,11 @@ func (s *state) credit(r *http.Request, lr *llmRequest, a *attempt, u usage, gav
 		s.reshare(a.u, growFactor)
 		return
 	}
-	fb.misses.Add(1)
 	if p.ahead > 0 {
 		fb.unconfirmed.Add(1)
 		return
 	}
+	defer fb.corrected.Add(1)
 	// The engine computed everything beyond what it had cached: the tree stops claiming, for
 	// this upstream, the other prompts that hung off the part it lost.
 	if text := lr.routingText(r); text != "" {

@@ -39,19 +39,19 @@ func TestFeedbackLLMSim(t *testing.T) {
 			t.Fatalf("status %d: %s", resp.StatusCode, body)
 		}
 	}
-	waitUntil(t, 5*time.Second, func() bool { return fb(addr) != nil && fb(addr).withCached.Load() == 3 }, "three answers with cached tokens")
+	waitUntil(t, 5*time.Second, func() bool { return fb(addr) != nil && fb(addr).credited.Load() == 3 }, "three answers credited")
 	pred, rep := fb(addr).predicted.load(), fb(addr).reported.load()
 	if rep == 0 || pred == 0 || pred > 1.3*rep || rep > 1.3*pred {
 		t.Fatalf("predicted %.0f cached tokens, the engine reported %.0f: want both well above 0 and within 30%%", pred, rep)
 	}
-	if fb(addr).misses.Load() != 0 {
-		t.Fatalf("%d misses while the tree was right", fb(addr).misses.Load())
+	if fb(addr).misses() != 0 {
+		t.Fatalf("%d misses while the tree was right", fb(addr).misses())
 	}
 	t.Logf("three conversations sharing a system prompt: predicted %.0f cached tokens, the engine reported %.0f", pred, rep)
 
 	sim.Reset()
 	ask(t, client, "/v1/chat/completions", conv(4), "")
-	waitUntil(t, 5*time.Second, func() bool { return fb(addr).misses.Load() == 1 }, "the miss after the engine lost its cache")
+	waitUntil(t, 5*time.Second, func() bool { return fb(addr).misses() == 1 }, "the miss after the engine lost its cache")
 	if fb(addr).trimmed.Load() == 0 {
 		t.Fatal("the tree was not corrected")
 	}
@@ -114,18 +114,18 @@ func TestFeedbackLlmdSimulator(t *testing.T) {
 		}
 	}
 	fb := upstreamFeedback(addr)
-	waitUntil(t, 5*time.Second, func() bool { return fb != nil && fb.withCached.Load() == 2 }, "two chat answers with cached tokens")
+	waitUntil(t, 5*time.Second, func() bool { return fb != nil && fb.credited.Load() == 2 }, "two chat answers credited")
 	if fb.reported.load() == 0 || fb.predicted.load() == 0 {
 		t.Fatalf("predicted %.0f, reported %.0f cached tokens: want both above 0", fb.predicted.load(), fb.reported.load())
 	}
 	t.Logf("llm-d simulator, two chats sharing a system prompt: predicted %.0f cached tokens, reported %.0f", fb.predicted.load(), fb.reported.load())
 	// Its tokenizer counts about 4.7 chars per token here, not 4: read as tokens at 4, the
 	// prefix the engine did hold would look like a miss and be trimmed.
-	if fb.misses.Load() != 0 {
-		t.Fatalf("%d misses on an engine that held what the tree predicted", fb.misses.Load())
+	if fb.misses() != 0 {
+		t.Fatalf("%d misses on an engine that held what the tree predicted", fb.misses())
 	}
 	ask(t, client, "/v1/responses", `{"model":"llama-3.1-8b","max_output_tokens":3,"input":"`+sys+`"}`, "")
-	waitUntil(t, 5*time.Second, func() bool { return fb.withUsage.Load() == 3 }, "the Responses answer's usage")
+	waitUntil(t, 5*time.Second, func() bool { return fb.credited.Load() == 3 }, "the Responses answer credited")
 	if fb.withCached.Load() != 2 {
 		t.Fatalf("the simulator's Responses usage has no cached tokens, yet %d answers counted them", fb.withCached.Load())
 	}

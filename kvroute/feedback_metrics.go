@@ -65,9 +65,8 @@ func (*feedbackCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 		counter(descAnswersIgnored, float64(f.lies.Load()), "invalid_usage")
 		counter(descAnswersIgnored, float64(f.gaveUp.Load()), "unreadable")
-		misses, unconfirmed := f.misses.Load(), f.unconfirmed.Load()
-		counter(descTreeMisses, float64(misses-unconfirmed), "corrected")
-		counter(descTreeMisses, float64(unconfirmed), "unconfirmed")
+		counter(descTreeMisses, float64(f.corrected.Load()), "corrected")
+		counter(descTreeMisses, float64(f.unconfirmed.Load()), "unconfirmed")
 		counter(descTrimmed, float64(f.trimmed.Load()))
 		ch <- prometheus.MustNewConstMetric(descTreeShare, prometheus.GaugeValue, f.shareNow(), addr)
 	}
@@ -104,7 +103,7 @@ func (u *upstreamState) feedbackStatus() *FeedbackStatus {
 	st := &FeedbackStatus{
 		Answers: f.answers.Load(), WithUsage: f.withUsage.Load(), WithCached: f.withCached.Load(),
 		PredictedCached: f.predicted.load(), ReportedCached: f.reported.load(), GivenUp: f.givenUp.load(),
-		Misses: f.misses.Load(), Unconfirmed: f.unconfirmed.Load(), TrimmedChars: f.trimmed.Load(),
+		Misses: f.misses(), Unconfirmed: f.unconfirmed.Load(), TrimmedChars: f.trimmed.Load(),
 		TreeShare: f.shareNow(), InvalidUsage: f.lies.Load(), Unreadable: f.gaveUp.Load(), ResponseIDs: f.respIDs.Load(),
 	}
 	st.ReportsUsage, st.ReportsCached = st.WithUsage > 0, st.WithCached > 0

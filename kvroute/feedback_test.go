@@ -6,6 +6,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -384,11 +385,11 @@ func TestFeedbackPredictedAndTrim(t *testing.T) {
 	ask(t, client, "/v1/chat/completions", conv(1), "chat-json")
 	e.cached.Store(sysTokens)
 	ask(t, client, "/v1/chat/completions", conv(2), "chat-json")
-	waitUntil(t, 5*time.Second, func() bool { return fb().withCached.Load() == 2 }, "two answers credited")
+	waitUntil(t, 5*time.Second, func() bool { return fb().credited.Load() == 2 }, "two answers credited")
 	pred, rep := fb().predicted.load(), fb().reported.load()
-	if pred < float64(sysTokens-kvBlockTokens) || rep != float64(sysTokens) || fb().misses.Load() != 0 {
+	if pred < float64(sysTokens-kvBlockTokens) || rep != float64(sysTokens) || fb().misses() != 0 {
 		t.Fatalf("after a first and a second conversation sharing the system prompt: predicted %.0f, reported %.0f, %d misses; want both about %d, no miss",
-			pred, rep, fb().misses.Load(), sysTokens)
+			pred, rep, fb().misses(), sysTokens)
 	}
 
 	// The engine lost the system prompt (traffic the router did not send filled its cache).
@@ -396,7 +397,7 @@ func TestFeedbackPredictedAndTrim(t *testing.T) {
 	before := tr.TenantChars(e.addr())
 	e.cached.Store(0)
 	ask(t, client, "/v1/chat/completions", conv(3), "chat-json")
-	waitUntil(t, 5*time.Second, func() bool { return fb().misses.Load() == 1 }, "the miss")
+	waitUntil(t, 5*time.Second, func() bool { return fb().misses() == 1 }, "the miss")
 	if fb().unconfirmed.Load() != 0 || fb().trimmed.Load() == 0 {
 		t.Fatalf("a miss with no other request in prefill: %d unconfirmed, %d chars trimmed; want it acted on", fb().unconfirmed.Load(), fb().trimmed.Load())
 	}
@@ -443,9 +444,9 @@ func TestFeedbackBurstOfNewPrefix(t *testing.T) {
 	e.setHold(false)
 	wg.Wait()
 	fb := upstreamFeedback(e.addr())
-	waitUntil(t, 5*time.Second, func() bool { return fb.withCached.Load() == n }, "the burst's answers")
-	if fb.misses.Load() != n-1 || fb.unconfirmed.Load() != n-1 || fb.trimmed.Load() != 0 {
-		t.Fatalf("burst of %d: %d misses, %d unconfirmed, %d chars trimmed; want %d, %d, 0", n, fb.misses.Load(), fb.unconfirmed.Load(), fb.trimmed.Load(), n-1, n-1)
+	waitUntil(t, 5*time.Second, func() bool { return fb.misses() == n-1 }, "the burst's misses")
+	if fb.misses() != n-1 || fb.unconfirmed.Load() != n-1 || fb.trimmed.Load() != 0 {
+		t.Fatalf("burst of %d: %d misses, %d unconfirmed, %d chars trimmed; want %d, %d, 0", n, fb.misses(), fb.unconfirmed.Load(), fb.trimmed.Load(), n-1, n-1)
 	}
 	tr := currentState().forest.Get("m")
 	for i := range n {
@@ -526,7 +527,10 @@ func TestFeedbackReload(t *testing.T) {
 		ask(t, client, "/v1/chat/completions", body, "chat-sse")
 	}
 	fb := upstreamFeedback(e.addr())
-	waitUntil(t, 5*time.Second, func() bool { return fb.withCached.Load() == 6 && fb.awaiting.Load() == 0 }, "six answers credited across the reload")
+	waitUntil(t, 5*time.Second, func() bool { return fb.credited.Load() == 6 && fb.awaiting.Load() == 0 }, "six answers credited across the reload")
+	if fb.withCached.Load() != 6 {
+		t.Fatalf("%d of 6 answers reported cached tokens", fb.withCached.Load())
+	}
 }
 
 func commonRunes(a, b string) int {
@@ -536,4 +540,68 @@ func commonRunes(a, b string) int {
 		n++
 	}
 	return n
+}
+
+// TestFeedbackShareShrinks: misses one after another shrink what the tree remembers for the
+// upstream (its bound, 1.5 × its KV capacity) toward what the engine holds; answers that match
+// the prediction let it grow back.
+func TestFeedbackShareShrinks(t *testing.T) {
+	e := newScriptEngine(t, "e1")
+	startCaddy(t, feedbackConfig(e.addr(), fmt.Sprintf("upstream %s {\n\t\t\t\tkv_capacity 100k\n\t\t\t}", e.addr())))
+	client := &http.Client{Timeout: 20 * time.Second}
+	fb := upstreamFeedback
+	full := tenantBound(100_000, DefaultCharsPerToken)
+	sys := strings.Repeat("The engine keeps losing this system prompt. ", 30)
+	e.cached.Store(0)
+	const misses = 4
+	for i := range misses + 1 {
+		ask(t, client, "/v1/chat/completions", chatBody("m", sys, fmt.Sprintf("turn %d", i)), "chat-json")
+		waitUntil(t, 5*time.Second, func() bool { return fb(e.addr()).credited.Load() == uint64(i+1) }, "the answer credited")
+		if i == 0 {
+			// The first prompt matched nothing: no miss yet.
+			if got := getStatus(t).Upstreams[e.addr()].TreeBoundChars; got != full {
+				t.Fatalf("tree bound %d before any miss, want %d", got, full)
+			}
+		}
+	}
+	if got := fb(e.addr()).corrected.Load(); got != misses {
+		t.Fatalf("%d misses corrected, want %d", got, misses)
+	}
+	want := int64(float64(full) * math.Pow(shrinkFactor, misses))
+	got := getStatus(t).Upstreams[e.addr()].TreeBoundChars
+	if got != want {
+		t.Fatalf("after %d misses the tree bound is %d, want %d (%.2f of %d)", misses, got, want, math.Pow(shrinkFactor, misses), full)
+	}
+	// The engine holds its prefixes again: the share grows back.
+	e.cached.Store(int64(len(routingTextOf(t, chatBody("m", sys))) / 4))
+	for i := range 3 {
+		n := fb(e.addr()).credited.Load()
+		ask(t, client, "/v1/chat/completions", chatBody("m", sys, fmt.Sprintf("good turn %d", i)), "chat-json")
+		waitUntil(t, 5*time.Second, func() bool { return fb(e.addr()).credited.Load() == n+1 }, "the answer credited")
+	}
+	if sh := fb(e.addr()).shareNow(); !(sh > math.Pow(shrinkFactor, misses)) {
+		t.Fatalf("the share stayed at %v after answers that matched the prediction", sh)
+	}
+}
+
+// TestResponseBindingsBounded: a million response ids, or one id bound again and again, keep
+// the store within max_sessions; an id rebinds to the engine that answered it last.
+func TestResponseBindingsBounded(t *testing.T) {
+	s := newState()
+	s.responses.configure(1000, time.Hour)
+	for i := range 1_000_000 {
+		s.bindResponse(fmt.Sprintf("resp_%d", i), "10.0.0.1:8000")
+	}
+	if n := s.responses.len(); n > 1000 {
+		t.Fatalf("%d response bindings held, want at most 1000", n)
+	}
+	for _, up := range []string{"10.0.0.1:8000", "10.0.0.2:8000", "10.0.0.2:8000"} {
+		s.bindResponse("resp_reused", up)
+	}
+	if got, _ := s.responses.get("", s.responseKey("resp_reused"), time.Now()); got != "10.0.0.2:8000" {
+		t.Fatalf("a reused id is bound to %q", got)
+	}
+	if _, ok := s.responses.get("", "resp_reused", time.Now()); ok {
+		t.Fatal("the id is kept as it came, not as a keyed digest")
+	}
 }

@@ -132,7 +132,7 @@ func (s *state) status() Status {
 		}
 		us.KVCapacityTokens = capacity[a]
 		if c := capacity[a]; c > 0 {
-			us.TreeBoundChars = tenantBound(c, s.upstreamCharsPerToken(a))
+			us.TreeBoundChars = int64(float64(tenantBound(c, s.upstreamCharsPerToken(a))) * s.shareOf(a))
 		}
 		us.Telemetry = s.telemetryStatus(a, now)
 		us.Learned = s.learnedStatus(a)

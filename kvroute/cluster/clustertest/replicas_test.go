@@ -105,6 +105,13 @@ func startReplica(t *testing.T, name string, n int, bs []*backend, natsURL, secr
 // lines in the policy's block.
 func startReplicaWith(t *testing.T, name string, n int, upstreams, natsURL, secret, extra string) *replica {
 	t.Helper()
+	return startReplicaSite(t, name, n, upstreams, natsURL, secret, extra, "")
+}
+
+// startReplicaSite is startReplicaWith with site lines ahead of the reverse_proxy (handlers
+// such as llm_feedback).
+func startReplicaSite(t *testing.T, name string, n int, upstreams, natsURL, secret, extra, site string) *replica {
+	t.Helper()
 	bin := caddyBinary(t)
 	r := &replica{t: t, name: name, admin: fmt.Sprintf("127.0.0.1:%d", 2300+n), site: fmt.Sprintf("127.0.0.1:%d", 9300+n), out: new(bytes.Buffer)}
 	clusterBlock := ""
@@ -125,12 +132,13 @@ func startReplicaWith(t *testing.T, name string, n int, upstreams, natsURL, secr
 }
 :%d {
 	@llm llm_prompt
+	%s
 	reverse_proxy @llm %s {
 		lb_policy kv_cache_aware {%s%s
 		}
 	}
 }
-`, r.admin, 9300+n, 9300+n, upstreams, clusterBlock, extra)
+`, r.admin, 9300+n, 9300+n, site, upstreams, clusterBlock, extra)
 	dir := t.TempDir()
 	path := filepath.Join(dir, "Caddyfile")
 	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
