@@ -162,6 +162,15 @@ type Snapshot struct {
 	// with (a wobble, a total gone, another model, an absurd rate, changed buckets).
 	Restarts  uint64 `json:"restarts"`
 	Anomalies uint64 `json:"anomalies"`
+	// Models is the latest model list read from the engine's /v1/models (Options.ModelsEvery),
+	// at ModelsAt; nil until one was read. It stays when a later read fails.
+	Models   *ModelList `json:"models,omitempty"`
+	ModelsAt time.Time  `json:"models_at,omitzero"`
+	// ModelsOutcome is that of the latest read of the list (OutcomeNoEngine: not a model
+	// list), ModelsError its error; ModelsCounts counts the reads by outcome.
+	ModelsOutcome Outcome `json:"models_outcome"`
+	ModelsError   string  `json:"models_error,omitempty"`
+	ModelsCounts  Counts  `json:"models_counts"`
 }
 
 // Age is the age of the latest reading at now, or -1 when there has been none.
@@ -203,6 +212,14 @@ type Options struct {
 	// counts refused connections as health failures. A scrape that ends as its target is
 	// removed may still be observed once.
 	Observe func(prev, cur *Snapshot)
+	// ModelsEvery, when positive, makes each target's loop also read the engine's GET
+	// /v1/models (beside the metrics URL: ModelsURL) this often, and again at once after a
+	// restart or a run of refused connections (the engine may come back with other models).
+	// A failed read is retried with the scrapes' backoff, up to ModelsEvery. Zero: not read.
+	ModelsEvery time.Duration
+	// Header is added to every request (the metrics page, /v1/models, llama.cpp's /props):
+	// an engine started with an API key wants it on /v1/models. Never logged.
+	Header http.Header
 	// Skip, when set, is asked before each scrape of a target (from its goroutine; it must
 	// return quickly): true leaves this scrape out, and the target is asked again an interval
 	// later. A cluster replica skips an engine another replica reads for it (Adopt).
@@ -266,6 +283,10 @@ type target struct {
 	nCtx     int64 // llama.cpp's n_ctx from /props, 0 when unknown
 	nCtxRead time.Time
 	last     *Reading // the previous reading of this Scraper's own, for Diff
+	// The model list's schedule: read when modelsNext is due (zero: at the next scrape).
+	modelsNext     time.Time
+	modelsFailures int
+	modelsBuf      []byte
 }
 
 // NewScraper returns a Scraper with no targets.
@@ -476,6 +497,8 @@ func (s *Scraper) scrape(ctx context.Context, tg *target) *Snapshot {
 		next.Counts, next.Ignored = prev.Counts, prev.Ignored
 		next.FromPeer = prev.FromPeer
 		next.Restarts, next.Anomalies = prev.Restarts, prev.Anomalies
+		next.Models, next.ModelsAt = prev.Models, prev.ModelsAt
+		next.ModelsOutcome, next.ModelsError, next.ModelsCounts = prev.ModelsOutcome, prev.ModelsError, prev.ModelsCounts
 	}
 	next.Counts[outcome]++
 	next.Ignored += uint64(reading.Ignored)
@@ -492,12 +515,67 @@ func (s *Scraper) scrape(ctx context.Context, tg *target) *Snapshot {
 			}
 		}
 		tg.last = &next.Reading
+		if next.Delta != nil && next.Delta.Restart {
+			tg.modelsNext = time.Time{} // a restarted engine may serve other models
+		}
 	} else {
 		next.Failures++
 		next.LastError, next.LastErrorAt = err.Error(), now
 		tg.nCtxRead = time.Time{} // a restarted llama.cpp may have another n_ctx
 	}
+	if outcome == OutcomeRefused {
+		// Down, perhaps restarting: the list is read again as soon as the engine answers.
+		tg.modelsNext = time.Time{}
+	} else if s.opts.ModelsEvery > 0 && !now.Before(tg.modelsNext) {
+		s.readModels(ctx, tg, next, now)
+		if ctx.Err() != nil {
+			return nil
+		}
+	}
 	return next
+}
+
+// readModels reads the target's model list into next and schedules the next read: after
+// ModelsEvery, or after a failure with the scrapes' backoff (capped at ModelsEvery).
+func (s *Scraper) readModels(ctx context.Context, tg *target, next *Snapshot, now time.Time) {
+	outcome, err := s.fetchModels(ctx, tg, next)
+	if ctx.Err() != nil {
+		return
+	}
+	next.ModelsOutcome = outcome
+	next.ModelsCounts[outcome]++
+	if err != nil {
+		next.ModelsError = err.Error()
+		tg.modelsFailures++
+		tg.modelsNext = now.Add(min(s.wait(tg.modelsFailures), s.opts.ModelsEvery))
+		return
+	}
+	next.ModelsError = ""
+	tg.modelsFailures = 0
+	tg.modelsNext = now.Add(jitter(s.opts.ModelsEvery, 0.9, 1.1))
+}
+
+// fetchModels reads and parses the target's /v1/models.
+func (s *Scraper) fetchModels(ctx context.Context, tg *target, next *Snapshot) (Outcome, error) {
+	u, err := ModelsURL(tg.URL)
+	if err != nil {
+		return OutcomeStatus, err
+	}
+	body, answered, outcome, err := s.get(ctx, u, &tg.modelsBuf, MaxModelsBytes)
+	defer func() {
+		if cap(tg.modelsBuf) > maxKeptBuffer {
+			tg.modelsBuf = nil
+		}
+	}()
+	if err != nil {
+		return outcome, err
+	}
+	l, err := ParseModels(body)
+	if err != nil {
+		return OutcomeGarbled, fmt.Errorf("GET %s: %w", u, err)
+	}
+	next.Models, next.ModelsAt = &l, answered
+	return OutcomeOK, nil
 }
 
 // fetch reads and parses the target's page, classifying what went wrong.
@@ -581,6 +659,9 @@ func (s *Scraper) get(ctx context.Context, url string, buf *[]byte, limit int64)
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
 		return nil, time.Time{}, OutcomeStatus, fmt.Errorf("GET %s: %w", url, err)
+	}
+	for k, v := range s.opts.Header {
+		req.Header[k] = v
 	}
 	// The text format only: an engine that also speaks protobuf or OpenMetrics keeps to it.
 	req.Header.Set("Accept", "text/plain;version=0.0.4;q=1,*/*;q=0.1")
