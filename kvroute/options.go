@@ -65,6 +65,7 @@ type settings struct {
 	telemetry        telemetrySettings
 	cluster          *cluster.Config // nil: no cluster; the secret resolved like the cookie's
 	clusterSecretSet bool
+	telemetryErr     error // telemetry's auth_header did not resolve
 }
 
 // settings resolves p's options. With resolve, placeholders in the cookie secret are replaced
@@ -93,6 +94,9 @@ func (p *KVCacheAware) settings(resolve bool) settings {
 			// must not sign cookies with the config's own text, or with nothing.
 			s.cookie.Secret, s.secretErr = caddy.NewReplacer().ReplaceOrErr(c.Secret, true, true)
 		}
+	}
+	if resolve {
+		s.telemetry.authHeader, s.telemetryErr = resolveAuthHeader(s.telemetry.authHeader)
 	}
 	if c := p.Cluster; c != nil {
 		cfg := c.config(resolve)
@@ -198,7 +202,12 @@ var optionChecks = []struct {
 		_, err := energy.ParseStrategy(s.fallback)
 		return err
 	}},
-	{"telemetry", func(s *settings) error { return checkTelemetry(s.telemetry) }},
+	{"telemetry", func(s *settings) error {
+		if s.telemetryErr != nil {
+			return s.telemetryErr
+		}
+		return checkTelemetry(s.telemetry)
+	}},
 	{"cluster", func(s *settings) error { return checkCluster(s.cluster, s.clusterSecretSet) }},
 }
 

@@ -137,7 +137,7 @@ func (p *KVCacheAware) Provision(ctx caddy.Context) error {
 		logger:      p.logger,
 		scheme:      proxyScheme(ctx),
 		process: processOptions{
-			telemetry:        p.Telemetry.settings(),
+			telemetry:        p.opts.telemetry, // auth_header's placeholders replaced
 			telemetryGiven:   p.Telemetry != nil,
 			evictionInterval: time.Duration(p.EvictionInterval),
 			maxTreeSize:      p.MaxTreeSize,

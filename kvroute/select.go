@@ -22,6 +22,10 @@ type candidate struct {
 	prof  *energy.Profile
 	load  int64 // requests in flight, as this router counts them
 	match int   // leading runes of the routing text it holds
+	// adapter is adapterCost: 0 unless the request names a LoRA adapter not warm there;
+	// lora: the request names a LoRA adapter (fleet.go).
+	adapter float64
+	lora    bool
 }
 
 // Select picks the upstream for r. The decision, in order (docs/design.md):
@@ -131,6 +135,8 @@ func (p *KVCacheAware) candidates(dst []candidate, pool reverseproxy.UpstreamPoo
 		load := p.state.load(st, now)
 		dst = append(dst, candidate{up: up, st: st, prof: prof, load: load})
 	}
+	// The engines' model lists (fleet.go) leave out those that do not serve the model.
+	dst = p.state.served(dst, model)
 	// Each filter leaves out candidates unless it would leave out all of them: then Caddy's
 	// own view of the pool decides.
 	dst = leaveOut(dst, func(c *candidate) bool { return c.st.health.down.Load() })
@@ -379,13 +385,14 @@ func (p *KVCacheAware) prefix(cands []candidate, req *llmRequest) (int, int) {
 	return i, pathPrefixHit
 }
 
-// longest returns the eligible candidate holding the longest prefix, the least busy of those
-// tied, or -1 when none holds any.
+// longest returns the eligible candidate holding the longest prefix, of those tied the one
+// where the request's LoRA adapter is warmest (adapterCost), then the least busy, or -1 when
+// none holds any.
 func longest(cands []candidate, eligible func(*candidate) bool) int {
 	var t energy.Ranking
 	for i := range cands {
 		if c := &cands[i]; c.match > 0 && eligible(c) {
-			t.Offer(i, -float64(c.match), busyness(c), 0)
+			t.Offer(i, -float64(c.match), adapterCost(c), busyness(c))
 		}
 	}
 	return t.Best()
@@ -414,18 +421,22 @@ func (p *KVCacheAware) leastBusy(cands []candidate) int {
 	return energy.Idlest(p.placement(buf[:0], cands))
 }
 
-// place runs the configured fallback placement (step 5).
+// place runs the configured fallback placement (step 5). A request for a LoRA adapter is
+// placed among the candidates where it is warmest (adapterCost): warm, else a free slot.
 func (p *KVCacheAware) place(cands []candidate, req *llmRequest) int {
+	var tbuf [16]candidate
+	tier := bestAdapterTier(tbuf[:0], cands)
 	var buf [16]energy.Candidate
-	ec := p.placement(buf[:0], cands)
+	ec := p.placement(buf[:0], tier)
 	expected := req.MaxTokens
 	if expected <= 0 {
 		expected = p.opts.expectedTokens
 	}
-	if i := p.placer.Place(ec, expected); i >= 0 {
-		return i
+	i := p.placer.Place(ec, expected)
+	if i < 0 {
+		i = energy.Idlest(ec)
 	}
-	return energy.Idlest(ec)
+	return indexOf(cands, tier[i].up.Dial)
 }
 
 // commit runs step 6 (the request already counts in c's load: Select tracked it) and returns
@@ -462,6 +473,9 @@ func (p *KVCacheAware) commit(r *http.Request, w http.ResponseWriter, req *llmRe
 	}
 	req.tried = append(req.tried, c.up.Dial)
 	c.st.lastUsed.Store(now.UnixNano())
+	if c.lora {
+		p.state.adapterSent(c.st, req.Model, true)
+	}
 	p.count(c, req, path)
 	return c.up
 }

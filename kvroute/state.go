@@ -55,6 +55,7 @@ type upstreamState struct {
 	peerReadAt  atomic.Int64               // unix nanos (local clock) of a peer's latest good reading of it; 0: none (telemetry.go)
 	health      healthState                // health.go
 	learn       upstreamLearn              // what its engine's totals taught (learn.go)
+	lora        loraState                  // its warm LoRA adapters (fleet.go)
 
 	host atomic.Pointer[reverseproxy.Host] // Caddy's count of requests to the address (load.go: own)
 }

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/http"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -13,6 +14,7 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
 	"go.uber.org/zap"
+	"golang.org/x/net/http/httpguts"
 
 	kvcf "github.com/kvroute/caddy-kvroute/caddyfile"
 	"github.com/kvroute/caddy-kvroute/kvroute/cluster"
@@ -31,6 +33,10 @@ type Telemetry struct {
 	Interval caddy.Duration `json:"interval,omitempty"`
 	// Timeout of one read (at most the interval). Default: 500ms.
 	Timeout caddy.Duration `json:"timeout,omitempty"`
+	// AuthHeader is sent as the Authorization header of every read (GET /v1/models sits
+	// behind an engine's --api-key; /metrics does not): "Bearer {env.VLLM_API_KEY}".
+	// Placeholders are replaced at provision; the value is never logged nor shown.
+	AuthHeader string `json:"auth_header,omitempty"`
 }
 
 // Defaults and bounds of the telemetry options.
@@ -69,17 +75,24 @@ type telemetrySettings struct {
 	path     string
 	interval time.Duration
 	timeout  time.Duration
+	// authHeader is AuthHeader, its placeholders replaced once provisioned (settings(true)).
+	authHeader string
+	// modelsEvery is how often the engines' model lists are read (fleet.go).
+	modelsEvery time.Duration
 }
 
 func (t *Telemetry) settings() telemetrySettings {
 	if t == nil {
-		return telemetrySettings{path: DefaultTelemetryPath, interval: DefaultTelemetryInterval, timeout: DefaultTelemetryTimeout}
+		return telemetrySettings{path: DefaultTelemetryPath, interval: DefaultTelemetryInterval, timeout: DefaultTelemetryTimeout, modelsEvery: modelsEvery()}
 	}
 	return telemetrySettings{
 		off:      t.Off,
 		path:     or(t.Path, DefaultTelemetryPath),
 		interval: or(time.Duration(t.Interval), DefaultTelemetryInterval),
 		timeout:  or(time.Duration(t.Timeout), DefaultTelemetryTimeout),
+
+		authHeader:  t.AuthHeader,
+		modelsEvery: modelsEvery(),
 	}
 }
 
@@ -87,7 +100,11 @@ func (t telemetrySettings) String() string {
 	if t.off {
 		return "off"
 	}
-	return fmt.Sprintf("{path %s interval %v timeout %v}", t.path, t.interval, t.timeout)
+	auth := ""
+	if t.authHeader != "" {
+		auth = " auth_header (set)" // the credential itself never appears in an error or a log
+	}
+	return fmt.Sprintf("{path %s interval %v timeout %v%s}", t.path, t.interval, t.timeout, auth)
 }
 
 func checkTelemetry(t telemetrySettings) error {
@@ -100,8 +117,27 @@ func checkTelemetry(t telemetrySettings) error {
 		return fmt.Errorf("interval: must be at least %v, got %v", minTelemetryInterval, t.interval)
 	case t.timeout <= 0 || t.timeout > t.interval:
 		return fmt.Errorf("timeout: must be positive and at most the interval (%v), got %v", t.interval, t.timeout)
+	case !httpguts.ValidHeaderFieldValue(t.authHeader):
+		return errors.New("auth_header: not a valid HTTP header value (a line break or a control character?)")
 	}
 	return nil
+}
+
+// resolveAuthHeader replaces the placeholders of the auth_header value (at provision: the
+// Caddyfile adapter may run on another machine than Caddy). Every placeholder must resolve:
+// an unset variable must not send the config's own text, or nothing, as a credential.
+func resolveAuthHeader(v string) (string, error) {
+	if !strings.Contains(v, "{") {
+		return v, nil
+	}
+	r, err := caddy.NewReplacer().ReplaceOrErr(v, true, true)
+	if err != nil {
+		return "", fmt.Errorf("auth_header: a placeholder did not resolve (is its environment variable set?): %v", err)
+	}
+	if r == "" {
+		return "", errors.New("auth_header: resolved to nothing (is its environment variable set?)")
+	}
+	return r, nil
 }
 
 // unmarshalTelemetry reads `telemetry off` or a `telemetry { path, interval, timeout }` block.
@@ -133,6 +169,15 @@ func (p *KVCacheAware) unmarshalTelemetry(d *caddyfile.Dispenser) error {
 				return err
 			}
 			t.Path = v
+		case "auth_header":
+			v, err := kvcf.StringArg(d)
+			if err != nil {
+				return err
+			}
+			if v == "" {
+				return d.Err("telemetry: auth_header: must not be empty")
+			}
+			t.AuthHeader = v
 		case "interval", "timeout":
 			v, err := kvcf.DurationArg(d)
 			if err != nil {
@@ -147,7 +192,7 @@ func (p *KVCacheAware) unmarshalTelemetry(d *caddyfile.Dispenser) error {
 				t.Timeout = caddy.Duration(v)
 			}
 		default:
-			return d.Errf("telemetry: unrecognized option %q (options: path, interval, timeout)", opt)
+			return d.Errf("telemetry: unrecognized option %q (options: path, interval, timeout, auth_header)", opt)
 		}
 	}
 	p.Telemetry = t
@@ -247,9 +292,15 @@ func (s *state) syncTelemetry() {
 		return
 	}
 	if s.tel.scraper == nil {
+		var header http.Header
+		if conf.authHeader != "" {
+			header = http.Header{"Authorization": {conf.authHeader}}
+		}
 		s.tel.scraper = telemetry.NewScraper(telemetry.Options{
-			Interval: conf.interval,
-			Timeout:  conf.timeout,
+			Interval:    conf.interval,
+			Timeout:     conf.timeout,
+			ModelsEvery: conf.modelsEvery,
+			Header:      header,
 			Observe: func(prev, cur *telemetry.Snapshot) {
 				s.observe(conf.interval, prev, cur)
 				s.shareReading(cur)
@@ -412,7 +463,7 @@ func (s *state) expireDynamic(now time.Time) {
 
 // observe takes in one scrape's outcome (from the target's goroutine): the engine's load
 // beyond this router's own, its KV capacity, and the health signal.
-func (s *state) observe(interval time.Duration, _, cur *telemetry.Snapshot) {
+func (s *state) observe(interval time.Duration, prev, cur *telemetry.Snapshot) {
 	// A scrape that ends as its target is removed (the upstream left the config, or the
 	// scraper is being replaced) is still observed once: it must not bring back the figures
 	// forgetEngine just dropped. The scraper publishes the snapshot before observing it, so a
@@ -421,6 +472,7 @@ func (s *state) observe(interval time.Duration, _, cur *telemetry.Snapshot) {
 		return
 	}
 	u := s.upstream(cur.Key)
+	s.observeFleet(u, prev, cur)
 	switch cur.Outcome {
 	case telemetry.OutcomeOK:
 		r := &cur.Reading

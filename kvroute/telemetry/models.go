@@ -48,14 +48,22 @@ type ModelList struct {
 	Dropped int `json:"dropped,omitempty"`
 }
 
+// Find returns the entry of id (Models is sorted by id).
+func (l *ModelList) Find(id string) (ServedModel, bool) {
+	if l == nil {
+		return ServedModel{}, false
+	}
+	i, ok := slices.BinarySearchFunc(l.Models, id, func(m ServedModel, id string) int { return strings.Compare(m.ID, id) })
+	if !ok {
+		return ServedModel{}, false
+	}
+	return l.Models[i], true
+}
+
 // IsAdapter reports whether id is listed as a LoRA adapter (an entry with a parent).
 func (l *ModelList) IsAdapter(id string) bool {
-	for i := range l.Models {
-		if l.Models[i].ID == id {
-			return l.Models[i].Parent != ""
-		}
-	}
-	return false
+	m, ok := l.Find(id)
+	return ok && m.Parent != ""
 }
 
 // ParseModels reads an OpenAI model list: {"object": "list", "data": [{"id": ..., "parent":

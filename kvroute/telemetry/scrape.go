@@ -455,6 +455,11 @@ func (s *Scraper) run(ctx context.Context, tg *target) {
 		case <-timer.C:
 		}
 		if s.opts.Skip != nil && s.opts.Skip(tg.Key) {
+			// Another replica reads the metrics; the model list is not shared, so it is read
+			// here still.
+			if s.opts.ModelsEvery > 0 && !time.Now().Before(tg.modelsNext) && !s.modelsOnly(ctx, tg) {
+				return
+			}
 			timer.Reset(s.wait(0))
 			continue
 		}
@@ -533,6 +538,35 @@ func (s *Scraper) scrape(ctx context.Context, tg *target) *Snapshot {
 		}
 	}
 	return next
+}
+
+// modelsOnly reads the target's model list without a scrape and publishes it in a new
+// snapshot (not observed: nothing else changed). It reports false when ctx ended.
+func (s *Scraper) modelsOnly(ctx context.Context, tg *target) bool {
+	now := time.Now()
+	tmp := &Snapshot{}
+	if prev := tg.snap.Load(); prev != nil {
+		tmp.ModelsCounts = prev.ModelsCounts
+	}
+	s.readModels(ctx, tg, tmp, now)
+	if ctx.Err() != nil {
+		return false
+	}
+	for {
+		prev := tg.snap.Load()
+		next := &Snapshot{Key: tg.Key, URL: tg.URL}
+		if prev != nil {
+			*next = *prev
+			next.Delta = nil
+		}
+		if tmp.Models != nil {
+			next.Models, next.ModelsAt = tmp.Models, tmp.ModelsAt
+		}
+		next.ModelsOutcome, next.ModelsError, next.ModelsCounts = tmp.ModelsOutcome, tmp.ModelsError, tmp.ModelsCounts
+		if tg.snap.CompareAndSwap(prev, next) {
+			return true
+		}
+	}
 }
 
 // readModels reads the target's model list into next and schedules the next read: after
