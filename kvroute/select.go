@@ -132,6 +132,9 @@ func (p *KVCacheAware) candidates(dst []candidate, pool reverseproxy.UpstreamPoo
 		}
 		st := p.state.upstream(up.Dial)
 		st.seeHost(up.Host)
+		if !p.state.isStatic(up.Dial) {
+			p.state.seeDynamic(st, now)
+		}
 		load := p.state.load(st, now)
 		dst = append(dst, candidate{up: up, st: st, prof: prof, load: load})
 	}
@@ -467,9 +470,6 @@ func (p *KVCacheAware) commit(r *http.Request, w http.ResponseWriter, req *llmRe
 	req.attempt.Store(newAttempt(r, c.st))
 	if len(req.tried) == 0 {
 		p.state.watchOutcome(r, req)
-	}
-	if !p.state.isStatic(c.up.Dial) {
-		p.state.seeDynamic(c.up.Dial)
 	}
 	req.tried = append(req.tried, c.up.Dial)
 	c.st.lastUsed.Store(now.UnixNano())

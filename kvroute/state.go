@@ -48,6 +48,10 @@ type upstreamState struct {
 	queuedTokens atomic.Int64 // their estimated prompt tokens
 	decisions    [numPaths]atomic.Uint64
 	lastUsed     atomic.Int64 // unix nanoseconds of the last decision
+	// lastSeen is when a decision last saw it in a pool (dynamic upstreams only: static ones
+	// leave with their config): one that DNS no longer names is forgotten after the dynamic
+	// TTL.
+	lastSeen atomic.Int64
 
 	engine      atomic.Pointer[engineView] // the latest telemetry reading's load (telemetry.go)
 	telemetryUp atomic.Bool                // its telemetry answers (for the appear/go-away log lines)
@@ -588,6 +592,9 @@ func (s *state) upstream(addr string) *upstreamState {
 	return v.(*upstreamState)
 }
 
+// lastActive is when a decision last picked u or saw it in a pool (unix nanoseconds).
+func (u *upstreamState) lastActive() int64 { return max(u.lastUsed.Load(), u.lastSeen.Load()) }
+
 // forgetUpstream drops everything learned about addr: its prefixes, its session bindings and
 // its state (its probe stops).
 func (s *state) forgetUpstream(addr string) (chars int64, sessions int) {
@@ -668,14 +675,17 @@ func (s *state) evict() {
 	static := s.staticLocked()
 	s.mu.Unlock()
 	s.expireDynamic(time.Now())
-	// A dynamic upstream (DNS, a discovery service) that no decision picked for the dynamic TTL
-	// has likely left for good: down or not, its state and its probe go. Should it come back,
-	// it starts afresh (up).
+	// A dynamic upstream (DNS, a discovery service) that no decision saw in its pool for the
+	// dynamic TTL has left: down or not, its state, its probe, its share of the trees and its
+	// session bindings go. Should it come back, it starts afresh (up, cold).
 	idle := time.Now().Add(-dynamicTTL()).UnixNano()
 	s.upstreams.Range(func(_, v any) bool {
 		u := v.(*upstreamState)
-		if !static[u.addr] && u.inFlight.Load() == 0 && u.lastUsed.Load() < idle {
-			s.dropUpstream(u)
+		if !static[u.addr] && u.inFlight.Load() == 0 && u.lastActive() < idle {
+			if chars, sessions := s.forgetUpstream(u.addr); chars > 0 || sessions > 0 {
+				logger.Info("dynamic upstream gone: dropped its prefixes and sessions",
+					zap.String("upstream", u.addr), zap.Int64("chars", chars), zap.Int("sessions", sessions))
+			}
 		}
 		return true
 	})

@@ -407,9 +407,13 @@ func (s *state) metricsURLLocked(addr string) string {
 	return telemetry.MetricsURL(scheme, addr, s.options.telemetry.path)
 }
 
-// seeDynamic starts reading a dynamic upstream the first time a decision picks it, up to
-// maxDynamicTargets of them. The check on the request path is one map load.
-func (s *state) seeDynamic(addr string) {
+// seeDynamic notes that a decision saw the dynamic upstream u in its pool at now (unix
+// nanoseconds), and starts reading it the first time, up to maxDynamicTargets of them: an
+// engine that DNS just named gets its reader before its first request. The check on the
+// request path is one map load.
+func (s *state) seeDynamic(u *upstreamState, now int64) {
+	u.lastSeen.Store(now)
+	addr := u.addr
 	if _, ok := s.tel.dynamic.Load(addr); ok {
 		return
 	}
@@ -438,8 +442,8 @@ func (s *state) seeDynamic(addr string) {
 	}
 }
 
-// expireDynamic stops reading the dynamic upstreams no decision picked for dynamicTargetTTL
-// (run by the eviction pass).
+// expireDynamic stops reading the dynamic upstreams no decision saw in its pool for the
+// dynamic TTL (run by the eviction pass).
 func (s *state) expireDynamic(now time.Time) {
 	sc := s.tel.current.Load()
 	idle := now.Add(-dynamicTTL()).UnixNano()
@@ -448,7 +452,7 @@ func (s *state) expireDynamic(now time.Time) {
 		if s.isStatic(addr) {
 			return true // now a static upstream: syncTelemetry reads it as such
 		}
-		if v, ok := s.upstreams.Load(addr); ok && v.(*upstreamState).lastUsed.Load() >= idle {
+		if v, ok := s.upstreams.Load(addr); ok && v.(*upstreamState).lastActive() >= idle {
 			return true
 		}
 		s.tel.dynamic.Delete(addr)
