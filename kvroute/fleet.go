@@ -180,6 +180,28 @@ func (s *state) served(cands []candidate, model string) []candidate {
 	return cands
 }
 
+// listedElsewhere reports whether step 1 left addr out for its model list: its list is read
+// and does not name model, while a candidate's list does (nor does an upstream block's
+// models name it for addr).
+func (s *state) listedElsewhere(addr, model string, cands []candidate) bool {
+	l := s.modelList(addr)
+	if l == nil || model == "" {
+		return false
+	}
+	if _, ok := l.Find(model); ok {
+		return false
+	}
+	if prof, ok := s.profile(addr); ok && len(prof.Models) > 0 {
+		return false
+	}
+	for i := range cands {
+		if _, ok := s.modelList(cands[i].up.Dial).Find(model); ok {
+			return true
+		}
+	}
+	return false
+}
+
 // bestAdapterTier returns the candidates with the lowest adapterCost (all of them when the
 // request names no adapter), in dst.
 func bestAdapterTier(dst, cands []candidate) []candidate {

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"net/http"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -81,7 +82,7 @@ func TestModelsFromEngines(t *testing.T) {
 		e.apiKey = key
 	}
 	e1.setModels(modelList("m-b")) // annotated models m-a: the annotation wins
-	e2.setModels(modelList("m-a"))
+	e2.setModels(modelList("m-a", "m-s"))
 	e3.setModels(modelList("m-b"))
 	e4.metrics = "404" // unreadable list (404), no metrics either: never filtered
 	tel := "telemetry {\n\t\t\t\tinterval 100ms\n\t\t\t\ttimeout 100ms\n\t\t\t\tauth_header \"Bearer {env.KVROUTE_TEST_ENGINE_KEY}\"\n\t\t\t}"
@@ -104,13 +105,45 @@ func TestModelsFromEngines(t *testing.T) {
 		t.Errorf("a model no list names went to %v: want e2, e3 and e4", got)
 	}
 
-	// The lists change: e2 drops m-a, e3 takes it on.
+	// Sessions of m-s bind to e2 or e4 (unread list), the only ones that may serve it.
+	var onE2 []string
+	for i := range 10 {
+		id := fmt.Sprintf("sess-%d", i)
+		rep, resp := send(t, client, baseURL+"/v1/chat/completions", chatBody("m-s", "a conversation "+id), "X-Session-ID", id)
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("status %d", resp.StatusCode)
+		}
+		if rep.Upstream == "e2" {
+			onE2 = append(onE2, id)
+		}
+	}
+	if len(onE2) == 0 {
+		t.Fatal("no m-s session bound to e2")
+	}
+
+	// The lists change: e2 drops m-a and m-s, e3 takes them on.
 	e2.setModels(modelList("m-b"))
-	e3.setModels(modelList("m-a", "m-b"))
+	e3.setModels(modelList("m-a", "m-b", "m-s"))
 	waitUntil(t, 10*time.Second, func() bool { return modelsRead(t, e3, "m-a")() && !modelsRead(t, e2, "m-a")() }, "the changed lists")
 	got = servedBy(t, client, "m-a", 40, 200)
 	if got["e2"] != 0 || got["e3"] == 0 {
 		t.Errorf("after the change m-a went to %v: want none on e2, a share on e3", got)
+	}
+
+	// A session bound to e2 leaves it: its binding goes (not kept and skipped), and its turns
+	// stay together on their new upstream.
+	for _, id := range onE2 {
+		var ups []string
+		for turn := range 4 {
+			rep, resp := send(t, client, baseURL+"/v1/chat/completions", chatBody("m-s", "a conversation "+id, fmt.Sprintf("turn %d", turn)), "X-Session-ID", id)
+			if resp.StatusCode != http.StatusOK {
+				t.Fatalf("status %d", resp.StatusCode)
+			}
+			ups = append(ups, rep.Upstream)
+		}
+		if ups[0] == "e2" || slices.Compact(slices.Clone(ups))[0] != ups[0] || len(slices.Compact(slices.Clone(ups))) != 1 {
+			t.Errorf("session %s, bound to e2 which no longer lists m-s, went to %v: want one other upstream", id, ups)
+		}
 	}
 
 	// A list that becomes unreadable keeps the last one read (and counts the failure).

@@ -307,6 +307,9 @@ func (p *KVCacheAware) session(r *http.Request, req *llmRequest, pool reversepro
 		// attempt goes (its latest turn will be cached there), and on with each retry.
 	case i >= 0 && b.holds(cands[i].load):
 		s.chosen = i
+	case i < 0 && p.state.listedElsewhere(addr, req.Model, cands):
+		// Its engine's model list leaves it out (fleet.go): it does not serve the model.
+		store.forgetBinding(req.Model, s.key)
 	case i >= 0 || p.keepsBinding(pool, addr, req.Model):
 		// Skipped for this request only: out of band, saturated, or another site's upstream.
 		if s.source == fromCookie && store == p.state.pending {
