@@ -76,6 +76,7 @@ type registration struct {
 	profiles    map[string]energy.Profile // its upstream blocks
 	logger      *zap.Logger
 	scheme      string         // of its reverse_proxy's upstreams: http, or https over TLS
+	resolvers   []string       // its reverse_proxy transport's DNS resolvers, if it names any
 	process     processOptions // as given; zero: left out
 	app         bool           // its config has the kvroute app, which starts it (app.go)
 }

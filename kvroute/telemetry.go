@@ -1,10 +1,13 @@
 package kvroute
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -211,6 +214,39 @@ func proxyScheme(ctx caddy.Context) string {
 	return "http"
 }
 
+// proxyResolvers returns the DNS resolvers the transport of the reverse_proxy that loads the
+// policy dials its upstreams' names with (transport http { resolvers ... }), or nil.
+func proxyResolvers(ctx caddy.Context) []string {
+	if h := parentHandler(ctx); h != nil {
+		if t, ok := h.Transport.(*reverseproxy.HTTPTransport); ok && t.Resolver != nil {
+			return slices.Clone(t.Resolver.Addresses)
+		}
+	}
+	return nil
+}
+
+// resolverFor returns a resolver that asks one of addrs (network addresses, udp and port 53
+// by default, as Caddy parses a transport's resolvers), or nil when addrs is empty or does
+// not parse (the system's resolver then).
+func resolverFor(addrs []string) *net.Resolver {
+	var nas []caddy.NetworkAddress
+	for _, a := range addrs {
+		na, err := caddy.ParseNetworkAddressWithDefaults(a, "udp", 53)
+		if err != nil || na.PortRangeSize() != 1 {
+			return nil
+		}
+		nas = append(nas, na)
+	}
+	if len(nas) == 0 {
+		return nil
+	}
+	return &net.Resolver{PreferGo: true, Dial: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		na := nas[rand.IntN(len(nas))]
+		var d net.Dialer
+		return d.DialContext(ctx, na.Network, na.JoinHostPort(0))
+	}}
+}
+
 // parentHandler returns the reverse_proxy handler that loads the policy, or nil.
 func parentHandler(ctx caddy.Context) *reverseproxy.Handler {
 	var h *reverseproxy.Handler
@@ -225,10 +261,11 @@ func parentHandler(ctx caddy.Context) *reverseproxy.Handler {
 // telemetryState is the state's reader of the upstreams' metrics: one Scraper for the process,
 // created when the config starts and replaced when a reload changes the options.
 type telemetryState struct {
-	mu      sync.Mutex // serializes syncTelemetry and stopTelemetry; never held with state.mu
-	scraper *telemetry.Scraper
-	conf    telemetrySettings // the scraper's
-	closed  bool              // the state was destroyed
+	mu        sync.Mutex // serializes syncTelemetry and stopTelemetry; never held with state.mu
+	scraper   *telemetry.Scraper
+	conf      telemetrySettings // the scraper's
+	resolvers string            // the scraper's DNS resolvers (the proxies' transports'), joined
+	closed    bool              // the state was destroyed
 
 	// current is the scraper for lock-free reads (the request path, the admin API).
 	current atomic.Pointer[telemetry.Scraper]
@@ -275,6 +312,10 @@ func (s *state) syncTelemetry() {
 	}
 	s.mu.Lock()
 	conf := s.options.telemetry
+	resolvers := ""
+	if r := s.newestLocked(); r != nil {
+		resolvers = strings.Join(r.resolvers, " ")
+	}
 	want := make(map[string]string)
 	if !conf.off {
 		for addr := range s.staticLocked() {
@@ -285,7 +326,7 @@ func (s *state) syncTelemetry() {
 	}
 	s.mu.Unlock()
 
-	if s.tel.scraper != nil && s.tel.conf != conf {
+	if s.tel.scraper != nil && (s.tel.conf != conf || s.tel.resolvers != resolvers) {
 		s.stopScraperLocked()
 	}
 	if conf.off {
@@ -301,13 +342,14 @@ func (s *state) syncTelemetry() {
 			Timeout:     conf.timeout,
 			ModelsEvery: conf.modelsEvery,
 			Header:      header,
+			Resolver:    resolverFor(strings.Fields(resolvers)),
 			Observe: func(prev, cur *telemetry.Snapshot) {
 				s.observe(conf.interval, prev, cur)
 				s.shareReading(cur)
 			},
 			Skip: func(key string) bool { return s.skipScrape(key, conf.interval) },
 		})
-		s.tel.conf = conf
+		s.tel.conf, s.tel.resolvers = conf, resolvers
 		s.tel.current.Store(s.tel.scraper)
 	}
 	sc := s.tel.scraper

@@ -217,6 +217,9 @@ type Options struct {
 	// restart or a run of refused connections (the engine may come back with other models).
 	// A failed read is retried with the scrapes' backoff, up to ModelsEvery. Zero: not read.
 	ModelsEvery time.Duration
+	// Resolver, when set, resolves the targets' host names for the default Client (a proxy
+	// whose transport names its own DNS resolvers: the readers dial as the proxy does).
+	Resolver *net.Resolver
 	// Header is added to every request (the metrics page, /v1/models, llama.cpp's /props):
 	// an engine started with an API key wants it on /v1/models. Never logged.
 	Header http.Header
@@ -245,7 +248,7 @@ func (o Options) withDefaults() Options {
 	}
 	if o.Client == nil {
 		o.Client = &http.Client{Transport: &http.Transport{
-			DialContext:            (&net.Dialer{KeepAlive: 30 * time.Second}).DialContext,
+			DialContext:            (&net.Dialer{KeepAlive: 30 * time.Second, Resolver: o.Resolver}).DialContext,
 			DisableCompression:     true,
 			MaxIdleConnsPerHost:    1,
 			IdleConnTimeout:        90 * time.Second,
