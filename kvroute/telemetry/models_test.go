@@ -256,3 +256,45 @@ func TestScraperModelsOff(t *testing.T) {
 		t.Errorf("paths %v", paths)
 	}
 }
+
+// A restart (a new process start time) reads the list again at once, not ModelsEvery later.
+func TestScraperReadsModelsAgainAfterRestart(t *testing.T) {
+	var mu sync.Mutex
+	start, list := 1.7e9, `{"data":[{"id":"before"}]}`
+	ts := serve(t, func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		defer mu.Unlock()
+		if r.URL.Path == "/v1/models" {
+			fmt.Fprint(w, list)
+			return
+		}
+		fmt.Fprintf(w, "vllm:num_requests_running 1\nprocess_start_time_seconds %v\n", start)
+	})
+	opts := fast
+	opts.ModelsEvery = time.Hour
+	s := newScraper(t, opts)
+	if err := s.Add(Target{Key: "k", URL: ts.URL + "/metrics"}); err != nil {
+		t.Fatal(err)
+	}
+	listed := func(id string) func() bool {
+		return func() bool {
+			snap := s.Snapshot("k")
+			return snap != nil && snap.Models != nil && slices.ContainsFunc(snap.Models.Models, func(m ServedModel) bool { return m.ID == id })
+		}
+	}
+	waitFor(t, "the first list", listed("before"))
+	mu.Lock()
+	list = `{"data":[{"id":"after"}]}`
+	mu.Unlock()
+	waitFor(t, "five more scrapes", func() bool { return s.Snapshot("k").Counts[OutcomeOK] >= 6 })
+	if !listed("before")() {
+		t.Fatal("the list was read again without a restart")
+	}
+	mu.Lock()
+	start += 60
+	mu.Unlock()
+	waitFor(t, "the list read again after the restart", listed("after"))
+	if n := s.Snapshot("k").ModelsCounts[OutcomeOK]; n != 2 {
+		t.Errorf("%d reads of the list, want 2", n)
+	}
+}
