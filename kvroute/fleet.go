@@ -202,6 +202,28 @@ func (s *state) listedElsewhere(addr, model string, cands []candidate) bool {
 	return false
 }
 
+// warmInBand returns, for a request naming a LoRA adapter, the least busy of the candidates in
+// the band b where the adapter is warmest (adapterCost); -1 for any other request. The
+// imbalance step's prefix_in_band places a request without a prefix there rather than on the
+// least busy candidate anywhere: still within the band, without loading the adapter.
+func (p *KVCacheAware) warmInBand(cands []candidate, b band) int {
+	if len(cands) == 0 || !cands[0].lora {
+		return -1
+	}
+	var ibuf, tbuf [16]candidate
+	in := ibuf[:0]
+	for _, c := range cands {
+		if b.holds(c.load) {
+			in = append(in, c)
+		}
+	}
+	if len(in) == 0 {
+		return -1
+	}
+	tier := bestAdapterTier(tbuf[:0], in)
+	return indexOf(cands, tier[p.leastBusy(tier)].up.Dial)
+}
+
 // bestAdapterTier returns the candidates with the lowest adapterCost (all of them when the
 // request names no adapter), in dst.
 func bestAdapterTier(dst, cands []candidate) []candidate {

@@ -12,6 +12,7 @@ import (
 	"os"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -271,5 +272,56 @@ func TestAdapterRoutedWhereWarm(t *testing.T) {
 		if st.Models[m].Chars == 0 {
 			t.Errorf("no tree for adapter %s: %v", m, st.Models)
 		}
+	}
+}
+
+// Under imbalance (prefix_in_band), a cold request for an adapter goes to the engine in the
+// band where the adapter is warm, not to any least busy one.
+func TestAdapterWarmUnderImbalance(t *testing.T) {
+	leakCheck(t)
+	fastModels(t)
+	list := modelList("base", "ada:base", "bob:base", "only-e1")
+	engines := []*engine{newEngine(t, "e1", 1000), newEngine(t, "e2", 1000), newEngine(t, "e3", 1000)}
+	now := time.Now().Unix()
+	for _, e := range engines {
+		e.setModels(modelList("base", "ada:base", "bob:base"))
+		e.setExtra(loraLine(now, 1, "", ""))
+	}
+	e1, e2, e3 := engines[0], engines[1], engines[2]
+	e1.setModels(list) // only e1 serves only-e1: the requests that make it busy
+	e2.setExtra(loraLine(now, 1, "bob", ""))
+	startCaddy(t, telemetryConfig(engines, "", ""))
+	client := newClient(t, 10*time.Second)
+	waitUntil(t, 10*time.Second, func() bool {
+		ls := loraStatusOf(t, e2)
+		return modelsRead(t, e1, "only-e1")() && modelsRead(t, e3, "bob")() && ls != nil && len(ls.Warm) == 1
+	}, "the lists read and bob warm on e2")
+
+	e1.setHang(true)
+	var wg sync.WaitGroup
+	for i := range 6 { // e1 runs 6, the others none: beyond both balance thresholds
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			trySend(client, baseURL+"/v1/chat/completions", chatBody("only-e1", coldPrompt(500+i)), fmt.Sprintf("busy-%d", i))
+		}()
+	}
+	defer wg.Wait()
+	defer e1.setHang(false)
+	waitUntil(t, 10*time.Second, func() bool { return e1.active.Load() == 6 }, "six requests running on e1")
+
+	got := map[string]int{}
+	for i := range 10 {
+		rep, resp := send(t, client, baseURL+"/v1/chat/completions", chatBody("bob", coldPrompt(600+i)))
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("status %d", resp.StatusCode)
+		}
+		got[rep.Upstream]++
+	}
+	if got["e2"] != 10 {
+		t.Errorf("under imbalance bob went to %v: want all 10 on e2, in band and warm", got)
+	}
+	if n := upstreamStatus(t, e2.addr()).Decisions["imbalance"]; n < 10 {
+		t.Errorf("%d imbalance decisions on e2, want 10 (the test must exercise the imbalance step)", n)
 	}
 }

@@ -374,6 +374,9 @@ func (p *KVCacheAware) imbalance(cands []candidate, b band) (int, int) {
 		if i := longest(cands, func(c *candidate) bool { return b.holds(c.load) }); i >= 0 {
 			return i, pathImbalance
 		}
+		if i := p.warmInBand(cands, b); i >= 0 {
+			return i, pathImbalance
+		}
 	}
 	return p.leastBusy(cands), pathImbalance
 }
