@@ -35,6 +35,7 @@ import (
 //			path     /metrics               # on each upstream's own host:port
 //			interval 1s
 //			timeout  500ms
+//			auth_header "Bearer {env.VLLM_API_KEY}"   # optional: sent on every read (never logged)
 //		}
 //		cluster nats://10.0.0.9:4222 [<url>...] {   # off unless given; process-wide
 //			name   fleet-a                          # required: replicas of one fleet share it

@@ -313,6 +313,9 @@ func (h clusterHandler) Decision(model, upstream, text string) {
 	model = boundKey(model, maxModelLen)
 	h.s.makeRoomFor(model)
 	h.s.forest.Tree(model).Insert(text, upstream)
+	if v, ok := h.s.upstreams.Load(upstream); ok && h.s.listedAdapter(upstream, model) {
+		h.s.adapterSent(v.(*upstreamState), model, false)
+	}
 }
 
 // Binding applies a peer's binding only when it is newer than the one held: a catch-up reply

@@ -60,6 +60,10 @@ func (e *countingEngine) restart() {
 }
 
 func (e *countingEngine) serve(w http.ResponseWriter, r *http.Request) {
+	if r.URL.Path == "/v1/models" {
+		http.NotFound(w, r) // the readers' model list: not a request
+		return
+	}
 	if r.URL.Path != "/metrics" {
 		body, _ := io.ReadAll(r.Body)
 		r.Body = io.NopCloser(strings.NewReader(string(body)))

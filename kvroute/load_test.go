@@ -34,6 +34,10 @@ func newLiveEngine(t *testing.T, name string) *liveEngine {
 func (e *liveEngine) addr() string { return strings.TrimPrefix(e.srv.URL, "http://") }
 
 func (e *liveEngine) serve(w http.ResponseWriter, r *http.Request) {
+	if r.URL.Path == "/v1/models" {
+		http.NotFound(w, r) // the readers' model list: not a request
+		return
+	}
 	if r.URL.Path == "/metrics" {
 		e.scrapes.Add(1)
 		w.Header().Set("Content-Type", "text/plain; version=0.0.4")

@@ -58,7 +58,7 @@ func registerMetrics(reg *prometheus.Registry) {
 	}
 	for _, c := range []prometheus.Collector{
 		metrics.decisionsVec, metrics.matchRatio, metrics.tokensAvoided, metrics.joulesSaved,
-		&metrics.gauges, &metrics.cluster, &learnCollector{}, &feedbackCollector{},
+		&metrics.gauges, &metrics.cluster, &learnCollector{}, &feedbackCollector{}, &fleetCollector{},
 	} {
 		if err := reg.Register(c); err != nil {
 			var are prometheus.AlreadyRegisteredError

@@ -73,6 +73,7 @@ type settings struct {
 	telemetry        telemetrySettings
 	cluster          *cluster.Config // nil: no cluster; the secret resolved like the cookie's
 	clusterSecretSet bool
+	telemetryErr     error // telemetry's auth_header did not resolve
 }
 
 // settings resolves p's options. With resolve, placeholders in the cookie secret are replaced
@@ -105,6 +106,9 @@ func (p *KVCacheAware) settings(resolve bool) settings {
 			// must not sign cookies with the config's own text, or with nothing.
 			s.cookie.Secret, s.secretErr = caddy.NewReplacer().ReplaceOrErr(c.Secret, true, true)
 		}
+	}
+	if resolve {
+		s.telemetry.authHeader, s.telemetryErr = resolveAuthHeader(s.telemetry.authHeader)
 	}
 	if c := p.Cluster; c != nil {
 		cfg := c.config(resolve)
@@ -235,7 +239,12 @@ var optionChecks = []struct {
 		}
 		return nil
 	}},
-	{"telemetry", func(s *settings) error { return checkTelemetry(s.telemetry) }},
+	{"telemetry", func(s *settings) error {
+		if s.telemetryErr != nil {
+			return s.telemetryErr
+		}
+		return checkTelemetry(s.telemetry)
+	}},
 	{"cluster", func(s *settings) error { return checkCluster(s.cluster, s.clusterSecretSet) }},
 }
 

@@ -150,8 +150,9 @@ func (p *KVCacheAware) Provision(ctx caddy.Context) error {
 		profiles:    p.Upstreams,
 		logger:      p.logger,
 		scheme:      proxyScheme(ctx),
+		resolvers:   proxyResolvers(ctx),
 		process: processOptions{
-			telemetry:        p.Telemetry.settings(),
+			telemetry:        p.opts.telemetry, // auth_header's placeholders replaced
 			telemetryGiven:   p.Telemetry != nil,
 			evictionInterval: time.Duration(p.EvictionInterval),
 			maxTreeSize:      p.MaxTreeSize,

@@ -172,7 +172,7 @@ func (p *probe) serve(w http.ResponseWriter, r *http.Request) {
 	p.mu.Lock()
 	mode, release := p.mode, p.release
 	p.mu.Unlock()
-	if r.URL.Path == "/metrics" {
+	if r.URL.Path == "/metrics" || r.URL.Path == "/v1/models" {
 		http.NotFound(w, r) // no telemetry; the policy's scrapes are not requests
 		return
 	}

@@ -23,6 +23,10 @@ type candidate struct {
 	load  int64          // requests in flight, as this router counts them
 	match int            // leading runes of the routing text it holds
 	cost  costPrediction // decision cost only (cost.go)
+	// adapter is adapterCost: 0 unless the request names a LoRA adapter not warm there;
+	// lora: the request names a LoRA adapter (fleet.go).
+	adapter float64
+	lora    bool
 }
 
 // Select picks the upstream for r. The decision, in order (docs/design.md):
@@ -156,9 +160,14 @@ func (p *KVCacheAware) candidates(dst []candidate, pool reverseproxy.UpstreamPoo
 		}
 		st := p.state.upstream(up.Dial)
 		st.seeHost(up.Host)
+		if !p.state.isStatic(up.Dial) {
+			p.state.seeDynamic(st, now)
+		}
 		load := p.state.load(st, now)
 		dst = append(dst, candidate{up: up, st: st, prof: prof, load: load})
 	}
+	// The engines' model lists (fleet.go) leave out those that do not serve the model.
+	dst = p.state.served(dst, model)
 	// Each filter leaves out candidates unless it would leave out all of them: then Caddy's
 	// own view of the pool decides.
 	dst = leaveOut(dst, func(c *candidate) bool { return c.st.health.down.Load() })
@@ -335,6 +344,9 @@ func (p *KVCacheAware) session(r *http.Request, req *llmRequest, pool reversepro
 		// attempt goes (its latest turn will be cached there), and on with each retry.
 	case i >= 0 && b.keeps(&cands[i]):
 		s.chosen = i
+	case i < 0 && p.state.listedElsewhere(addr, req.Model, cands):
+		// Its engine's model list leaves it out (fleet.go): it does not serve the model.
+		store.forgetBinding(req.Model, s.key)
 	case i >= 0 || p.keepsBinding(pool, addr, req.Model):
 		// Skipped for this request only: out of band (beyond the TTFT bound), saturated, or
 		// another site's upstream.
@@ -400,6 +412,9 @@ func (p *KVCacheAware) imbalance(cands []candidate, b band) (int, int) {
 		if i := longest(cands, func(c *candidate) bool { return b.holds(c.load) }); i >= 0 {
 			return i, pathImbalance
 		}
+		if i := p.warmInBand(cands, b); i >= 0 {
+			return i, pathImbalance
+		}
 	}
 	return p.leastBusy(cands), pathImbalance
 }
@@ -417,13 +432,14 @@ func (p *KVCacheAware) prefix(cands []candidate, req *llmRequest) (int, int) {
 	return i, pathPrefixHit
 }
 
-// longest returns the eligible candidate holding the longest prefix, the least busy of those
-// tied, or -1 when none holds any.
+// longest returns the eligible candidate holding the longest prefix, of those tied the one
+// where the request's LoRA adapter is warmest (adapterCost), then the least busy, or -1 when
+// none holds any.
 func longest(cands []candidate, eligible func(*candidate) bool) int {
 	var t energy.Ranking
 	for i := range cands {
 		if c := &cands[i]; c.match > 0 && eligible(c) {
-			t.Offer(i, -float64(c.match), busyness(c), 0)
+			t.Offer(i, -float64(c.match), adapterCost(c), busyness(c))
 		}
 	}
 	return t.Best()
@@ -452,18 +468,22 @@ func (p *KVCacheAware) leastBusy(cands []candidate) int {
 	return energy.Idlest(p.placement(buf[:0], cands))
 }
 
-// place runs the configured fallback placement (step 5).
+// place runs the configured fallback placement (step 5). A request for a LoRA adapter is
+// placed among the candidates where it is warmest (adapterCost): warm, else a free slot.
 func (p *KVCacheAware) place(cands []candidate, req *llmRequest) int {
+	var tbuf [16]candidate
+	tier := bestAdapterTier(tbuf[:0], cands)
 	var buf [16]energy.Candidate
-	ec := p.placement(buf[:0], cands)
+	ec := p.placement(buf[:0], tier)
 	expected := req.MaxTokens
 	if expected <= 0 {
 		expected = p.opts.expectedTokens
 	}
-	if i := p.placer.Place(ec, expected); i >= 0 {
-		return i
+	i := p.placer.Place(ec, expected)
+	if i < 0 {
+		i = energy.Idlest(ec)
 	}
-	return energy.Idlest(ec)
+	return indexOf(cands, tier[i].up.Dial)
 }
 
 // commit runs step 6 (the request already counts in c's load: Select tracked it) and returns
@@ -498,11 +518,11 @@ func (p *KVCacheAware) commit(r *http.Request, w http.ResponseWriter, req *llmRe
 	if len(req.tried) == 0 {
 		p.state.watchOutcome(r, req)
 	}
-	if !p.state.isStatic(c.up.Dial) {
-		p.state.seeDynamic(c.up.Dial)
-	}
 	req.tried = append(req.tried, c.up.Dial)
 	c.st.lastUsed.Store(now.UnixNano())
+	if c.lora {
+		p.state.adapterSent(c.st, req.Model, true)
+	}
 	p.count(c, req, path)
 	return c.up
 }

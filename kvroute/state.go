@@ -54,6 +54,10 @@ type upstreamState struct {
 	firstTokens   atomic.Bool
 	decisions     [numPaths]atomic.Uint64
 	lastUsed      atomic.Int64 // unix nanoseconds of the last decision
+	// lastSeen is when a decision last saw it in a pool (dynamic upstreams only: static ones
+	// leave with their config): one that DNS no longer names is forgotten after the dynamic
+	// TTL.
+	lastSeen atomic.Int64
 
 	engine      atomic.Pointer[engineView] // the latest telemetry reading's load (telemetry.go)
 	telemetryUp atomic.Bool                // its telemetry answers (for the appear/go-away log lines)
@@ -62,6 +66,7 @@ type upstreamState struct {
 	health      healthState                // health.go
 	learn       upstreamLearn              // what its engine's totals taught (learn.go)
 	feedback    feedbackState              // what its answers taught (feedback.go)
+	lora        loraState                  // its warm LoRA adapters (fleet.go)
 
 	host atomic.Pointer[reverseproxy.Host] // Caddy's count of requests to the address (load.go: own)
 }
@@ -78,6 +83,7 @@ type registration struct {
 	profiles    map[string]energy.Profile // its upstream blocks
 	logger      *zap.Logger
 	scheme      string         // of its reverse_proxy's upstreams: http, or https over TLS
+	resolvers   []string       // its reverse_proxy transport's DNS resolvers, if it names any
 	process     processOptions // as given; zero: left out
 	app         bool           // its config has the kvroute app, which starts it (app.go)
 }
@@ -603,6 +609,9 @@ func (s *state) upstream(addr string) *upstreamState {
 	return v.(*upstreamState)
 }
 
+// lastActive is when a decision last picked u or saw it in a pool (unix nanoseconds).
+func (u *upstreamState) lastActive() int64 { return max(u.lastUsed.Load(), u.lastSeen.Load()) }
+
 // forgetUpstream drops everything learned about addr: its prefixes, its session bindings and
 // its state (its probe stops).
 func (s *state) forgetUpstream(addr string) (chars int64, sessions int) {
@@ -686,9 +695,9 @@ func (s *state) evict() {
 	static := s.staticLocked()
 	s.mu.Unlock()
 	s.expireDynamic(time.Now())
-	// A dynamic upstream (DNS, a discovery service) that no decision picked for the dynamic TTL
-	// has likely left for good: down or not, its state and its probe go. Should it come back,
-	// it starts afresh (up).
+	// A dynamic upstream (DNS, a discovery service) that no decision saw in its pool for the
+	// dynamic TTL has left: down or not, its state, its probe, its share of the trees and its
+	// session bindings go. Should it come back, it starts afresh (up, cold).
 	idle := time.Now().Add(-dynamicTTL()).UnixNano()
 	now := time.Now().UnixNano()
 	s.upstreams.Range(func(_, v any) bool {
@@ -696,8 +705,11 @@ func (s *state) evict() {
 		// An upstream no decision reads (never chosen again, down) lets go of the requests
 		// its prefill queue still points to (prefill.go).
 		u.expirePrefill(now)
-		if !static[u.addr] && u.inFlight.Load() == 0 && u.lastUsed.Load() < idle {
-			s.dropUpstream(u)
+		if !static[u.addr] && u.inFlight.Load() == 0 && u.lastActive() < idle {
+			if chars, sessions := s.forgetUpstream(u.addr); chars > 0 || sessions > 0 {
+				logger.Info("dynamic upstream gone: dropped its prefixes and sessions",
+					zap.String("upstream", u.addr), zap.Int64("chars", chars), zap.Int("sessions", sessions))
+			}
 		}
 		return true
 	})

@@ -5,6 +5,7 @@ import (
 
 	"github.com/kvroute/caddy-kvroute/energy"
 	"github.com/kvroute/caddy-kvroute/kvroute/cluster"
+	"github.com/kvroute/caddy-kvroute/kvroute/telemetry"
 )
 
 // Status is the JSON answer of GET /kvroute/.
@@ -63,6 +64,10 @@ type UpstreamStatus struct {
 	Health  HealthStatus    `json:"health"`
 	// Feedback is what its answers reported (llm_feedback); absent when none was read.
 	Feedback *FeedbackStatus `json:"feedback,omitempty"`
+	// Models is what its engine's GET /v1/models lists (absent until read or tried), LoRA
+	// its warm adapters and the adapter switches this router caused there (absent without).
+	Models *ModelsStatus `json:"models,omitempty"`
+	LoRA   *LoRAStatus   `json:"lora,omitempty"`
 }
 
 // status answers the admin API's GET /kvroute/: what the state knows, per model and upstream.
@@ -119,6 +124,12 @@ func (s *state) status() Status {
 			us.Load = s.load(u, now.UnixNano())
 			us.Health = u.healthStatus()
 			us.Feedback = u.feedbackStatus()
+			var snap *telemetry.Snapshot
+			if sc := s.tel.current.Load(); sc != nil {
+				snap = sc.Snapshot(a)
+			}
+			us.Models = modelsStatus(snap)
+			us.LoRA = u.loraStatus()
 			for i, n := range pathNames {
 				us.Decisions[n] = u.decisions[i].Load()
 			}

@@ -1,9 +1,13 @@
 package kvroute
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net"
+	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -13,6 +17,7 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
 	"go.uber.org/zap"
+	"golang.org/x/net/http/httpguts"
 
 	kvcf "github.com/kvroute/caddy-kvroute/caddyfile"
 	"github.com/kvroute/caddy-kvroute/kvroute/cluster"
@@ -31,6 +36,10 @@ type Telemetry struct {
 	Interval caddy.Duration `json:"interval,omitempty"`
 	// Timeout of one read (at most the interval). Default: 500ms.
 	Timeout caddy.Duration `json:"timeout,omitempty"`
+	// AuthHeader is sent as the Authorization header of every read (GET /v1/models sits
+	// behind an engine's --api-key; /metrics does not): "Bearer {env.VLLM_API_KEY}".
+	// Placeholders are replaced at provision; the value is never logged nor shown.
+	AuthHeader string `json:"auth_header,omitempty"`
 }
 
 // Defaults and bounds of the telemetry options.
@@ -69,17 +78,24 @@ type telemetrySettings struct {
 	path     string
 	interval time.Duration
 	timeout  time.Duration
+	// authHeader is AuthHeader, its placeholders replaced once provisioned (settings(true)).
+	authHeader string
+	// modelsEvery is how often the engines' model lists are read (fleet.go).
+	modelsEvery time.Duration
 }
 
 func (t *Telemetry) settings() telemetrySettings {
 	if t == nil {
-		return telemetrySettings{path: DefaultTelemetryPath, interval: DefaultTelemetryInterval, timeout: DefaultTelemetryTimeout}
+		return telemetrySettings{path: DefaultTelemetryPath, interval: DefaultTelemetryInterval, timeout: DefaultTelemetryTimeout, modelsEvery: modelsEvery()}
 	}
 	return telemetrySettings{
 		off:      t.Off,
 		path:     or(t.Path, DefaultTelemetryPath),
 		interval: or(time.Duration(t.Interval), DefaultTelemetryInterval),
 		timeout:  or(time.Duration(t.Timeout), DefaultTelemetryTimeout),
+
+		authHeader:  t.AuthHeader,
+		modelsEvery: modelsEvery(),
 	}
 }
 
@@ -87,7 +103,11 @@ func (t telemetrySettings) String() string {
 	if t.off {
 		return "off"
 	}
-	return fmt.Sprintf("{path %s interval %v timeout %v}", t.path, t.interval, t.timeout)
+	auth := ""
+	if t.authHeader != "" {
+		auth = " auth_header (set)" // the credential itself never appears in an error or a log
+	}
+	return fmt.Sprintf("{path %s interval %v timeout %v%s}", t.path, t.interval, t.timeout, auth)
 }
 
 func checkTelemetry(t telemetrySettings) error {
@@ -100,8 +120,27 @@ func checkTelemetry(t telemetrySettings) error {
 		return fmt.Errorf("interval: must be at least %v, got %v", minTelemetryInterval, t.interval)
 	case t.timeout <= 0 || t.timeout > t.interval:
 		return fmt.Errorf("timeout: must be positive and at most the interval (%v), got %v", t.interval, t.timeout)
+	case !httpguts.ValidHeaderFieldValue(t.authHeader):
+		return errors.New("auth_header: not a valid HTTP header value (a line break or a control character?)")
 	}
 	return nil
+}
+
+// resolveAuthHeader replaces the placeholders of the auth_header value (at provision: the
+// Caddyfile adapter may run on another machine than Caddy). Every placeholder must resolve:
+// an unset variable must not send the config's own text, or nothing, as a credential.
+func resolveAuthHeader(v string) (string, error) {
+	if !strings.Contains(v, "{") {
+		return v, nil
+	}
+	r, err := caddy.NewReplacer().ReplaceOrErr(v, true, true)
+	if err != nil {
+		return "", fmt.Errorf("auth_header: a placeholder did not resolve (is its environment variable set?): %v", err)
+	}
+	if r == "" {
+		return "", errors.New("auth_header: resolved to nothing (is its environment variable set?)")
+	}
+	return r, nil
 }
 
 // unmarshalTelemetry reads `telemetry off` or a `telemetry { path, interval, timeout }` block.
@@ -133,6 +172,15 @@ func (p *KVCacheAware) unmarshalTelemetry(d *caddyfile.Dispenser) error {
 				return err
 			}
 			t.Path = v
+		case "auth_header":
+			v, err := kvcf.StringArg(d)
+			if err != nil {
+				return err
+			}
+			if v == "" {
+				return d.Err("telemetry: auth_header: must not be empty")
+			}
+			t.AuthHeader = v
 		case "interval", "timeout":
 			v, err := kvcf.DurationArg(d)
 			if err != nil {
@@ -147,7 +195,7 @@ func (p *KVCacheAware) unmarshalTelemetry(d *caddyfile.Dispenser) error {
 				t.Timeout = caddy.Duration(v)
 			}
 		default:
-			return d.Errf("telemetry: unrecognized option %q (options: path, interval, timeout)", opt)
+			return d.Errf("telemetry: unrecognized option %q (options: path, interval, timeout, auth_header)", opt)
 		}
 	}
 	p.Telemetry = t
@@ -166,6 +214,39 @@ func proxyScheme(ctx caddy.Context) string {
 	return "http"
 }
 
+// proxyResolvers returns the DNS resolvers the transport of the reverse_proxy that loads the
+// policy dials its upstreams' names with (transport http { resolvers ... }), or nil.
+func proxyResolvers(ctx caddy.Context) []string {
+	if h := parentHandler(ctx); h != nil {
+		if t, ok := h.Transport.(*reverseproxy.HTTPTransport); ok && t.Resolver != nil {
+			return slices.Clone(t.Resolver.Addresses)
+		}
+	}
+	return nil
+}
+
+// resolverFor returns a resolver that asks one of addrs (network addresses, udp and port 53
+// by default, as Caddy parses a transport's resolvers), or nil when addrs is empty or does
+// not parse (the system's resolver then).
+func resolverFor(addrs []string) *net.Resolver {
+	var nas []caddy.NetworkAddress
+	for _, a := range addrs {
+		na, err := caddy.ParseNetworkAddressWithDefaults(a, "udp", 53)
+		if err != nil || na.PortRangeSize() != 1 {
+			return nil
+		}
+		nas = append(nas, na)
+	}
+	if len(nas) == 0 {
+		return nil
+	}
+	return &net.Resolver{PreferGo: true, Dial: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		na := nas[rand.IntN(len(nas))]
+		var d net.Dialer
+		return d.DialContext(ctx, na.Network, na.JoinHostPort(0))
+	}}
+}
+
 // parentHandler returns the reverse_proxy handler that loads the policy, or nil.
 func parentHandler(ctx caddy.Context) *reverseproxy.Handler {
 	var h *reverseproxy.Handler
@@ -180,10 +261,11 @@ func parentHandler(ctx caddy.Context) *reverseproxy.Handler {
 // telemetryState is the state's reader of the upstreams' metrics: one Scraper for the process,
 // created when the config starts and replaced when a reload changes the options.
 type telemetryState struct {
-	mu      sync.Mutex // serializes syncTelemetry and stopTelemetry; never held with state.mu
-	scraper *telemetry.Scraper
-	conf    telemetrySettings // the scraper's
-	closed  bool              // the state was destroyed
+	mu        sync.Mutex // serializes syncTelemetry and stopTelemetry; never held with state.mu
+	scraper   *telemetry.Scraper
+	conf      telemetrySettings // the scraper's
+	resolvers string            // the scraper's DNS resolvers (the proxies' transports'), joined
+	closed    bool              // the state was destroyed
 
 	// current is the scraper for lock-free reads (the request path, the admin API).
 	current atomic.Pointer[telemetry.Scraper]
@@ -231,6 +313,10 @@ func (s *state) syncTelemetry() {
 	}
 	s.mu.Lock()
 	conf := s.options.telemetry
+	resolvers := ""
+	if r := s.newestLocked(); r != nil {
+		resolvers = strings.Join(r.resolvers, " ")
+	}
 	want := make(map[string]string)
 	if !conf.off {
 		for addr := range s.staticLocked() {
@@ -241,16 +327,23 @@ func (s *state) syncTelemetry() {
 	}
 	s.mu.Unlock()
 
-	if s.tel.scraper != nil && s.tel.conf != conf {
+	if s.tel.scraper != nil && (s.tel.conf != conf || s.tel.resolvers != resolvers) {
 		s.stopScraperLocked()
 	}
 	if conf.off {
 		return
 	}
 	if s.tel.scraper == nil {
+		var header http.Header
+		if conf.authHeader != "" {
+			header = http.Header{"Authorization": {conf.authHeader}}
+		}
 		s.tel.scraper = telemetry.NewScraper(telemetry.Options{
-			Interval: conf.interval,
-			Timeout:  conf.timeout,
+			Interval:    conf.interval,
+			Timeout:     conf.timeout,
+			ModelsEvery: conf.modelsEvery,
+			Header:      header,
+			Resolver:    resolverFor(strings.Fields(resolvers)),
 			Observe: func(prev, cur *telemetry.Snapshot) {
 				s.observe(conf.interval, prev, cur)
 				s.shareReading(cur)
@@ -258,7 +351,7 @@ func (s *state) syncTelemetry() {
 			},
 			Skip: func(key string) bool { return s.skipScrape(key, conf.interval) },
 		})
-		s.tel.conf = conf
+		s.tel.conf, s.tel.resolvers = conf, resolvers
 		s.tel.current.Store(s.tel.scraper)
 	}
 	sc := s.tel.scraper
@@ -358,9 +451,13 @@ func (s *state) metricsURLLocked(addr string) string {
 	return telemetry.MetricsURL(scheme, addr, s.options.telemetry.path)
 }
 
-// seeDynamic starts reading a dynamic upstream the first time a decision picks it, up to
-// maxDynamicTargets of them. The check on the request path is one map load.
-func (s *state) seeDynamic(addr string) {
+// seeDynamic notes that a decision saw the dynamic upstream u in its pool at now (unix
+// nanoseconds), and starts reading it the first time, up to maxDynamicTargets of them: an
+// engine that DNS just named gets its reader before its first request. The check on the
+// request path is one map load.
+func (s *state) seeDynamic(u *upstreamState, now int64) {
+	u.lastSeen.Store(now)
+	addr := u.addr
 	if _, ok := s.tel.dynamic.Load(addr); ok {
 		return
 	}
@@ -389,8 +486,8 @@ func (s *state) seeDynamic(addr string) {
 	}
 }
 
-// expireDynamic stops reading the dynamic upstreams no decision picked for dynamicTargetTTL
-// (run by the eviction pass).
+// expireDynamic stops reading the dynamic upstreams no decision saw in its pool for the
+// dynamic TTL (run by the eviction pass).
 func (s *state) expireDynamic(now time.Time) {
 	sc := s.tel.current.Load()
 	idle := now.Add(-dynamicTTL()).UnixNano()
@@ -399,7 +496,7 @@ func (s *state) expireDynamic(now time.Time) {
 		if s.isStatic(addr) {
 			return true // now a static upstream: syncTelemetry reads it as such
 		}
-		if v, ok := s.upstreams.Load(addr); ok && v.(*upstreamState).lastUsed.Load() >= idle {
+		if v, ok := s.upstreams.Load(addr); ok && v.(*upstreamState).lastActive() >= idle {
 			return true
 		}
 		s.tel.dynamic.Delete(addr)
@@ -414,7 +511,7 @@ func (s *state) expireDynamic(now time.Time) {
 
 // observe takes in one scrape's outcome (from the target's goroutine): the engine's load
 // beyond this router's own, its KV capacity, and the health signal.
-func (s *state) observe(interval time.Duration, _, cur *telemetry.Snapshot) {
+func (s *state) observe(interval time.Duration, prev, cur *telemetry.Snapshot) {
 	// A scrape that ends as its target is removed (the upstream left the config, or the
 	// scraper is being replaced) is still observed once: it must not bring back the figures
 	// forgetEngine just dropped. The scraper publishes the snapshot before observing it, so a
@@ -423,6 +520,7 @@ func (s *state) observe(interval time.Duration, _, cur *telemetry.Snapshot) {
 		return
 	}
 	u := s.upstream(cur.Key)
+	s.observeFleet(u, prev, cur)
 	switch cur.Outcome {
 	case telemetry.OutcomeOK:
 		r := &cur.Reading

@@ -52,7 +52,7 @@ func BenchmarkSelectTelemetry(b *testing.B) {
 
 func waitForReadings(b *testing.B, p *KVCacheAware, pool reverseproxy.UpstreamPool) {
 	for _, up := range pool {
-		p.state.seeDynamic(up.Dial)
+		p.state.seeDynamic(p.state.upstream(up.Dial), time.Now().UnixNano())
 	}
 	deadline := time.Now().Add(5 * time.Second)
 	for _, up := range pool {

@@ -44,6 +44,13 @@ type engine struct {
 	metrics  string        // "" (vLLM page), "404", "slow", "huge", "garbled"
 	delay    time.Duration // service time of a request, as an engine's prefill takes
 	listener string        // the address, kept for a restart
+	// models is the body of GET /v1/models ("": 404); apiKey, when set, is the bearer token
+	// it wants there (401 without); extra is appended to the vLLM page (fleet_test.go).
+	models     string
+	apiKey     string
+	extra      string
+	modelReads atomic.Int64
+	authSeen   []string // the Authorization headers of every read
 }
 
 func newEngine(t testing.TB, name string, blocks int) *engine {
@@ -87,6 +94,27 @@ func (e *engine) set(running, waiting int, metrics string) {
 }
 
 func (e *engine) serve(w http.ResponseWriter, r *http.Request) {
+	if r.URL.Path == "/v1/models" || r.URL.Path == "/metrics" {
+		e.mu.Lock()
+		e.authSeen = append(e.authSeen, r.Header.Get("Authorization"))
+		e.mu.Unlock()
+	}
+	if r.URL.Path == "/v1/models" {
+		e.modelReads.Add(1)
+		e.mu.Lock()
+		models, key := e.models, e.apiKey
+		e.mu.Unlock()
+		switch {
+		case key != "" && r.Header.Get("Authorization") != "Bearer "+key:
+			http.Error(w, `{"error":"Unauthorized"}`, http.StatusUnauthorized)
+		case models == "":
+			http.NotFound(w, r)
+		default:
+			w.Header().Set("Content-Type", "application/json")
+			fmt.Fprint(w, models)
+		}
+		return
+	}
 	if r.URL.Path != "/metrics" {
 		e.mu.Lock()
 		d := e.delay
@@ -103,7 +131,7 @@ func (e *engine) serve(w http.ResponseWriter, r *http.Request) {
 	}
 	e.scrapes.Add(1)
 	e.mu.Lock()
-	running, waiting, blocks, mode := e.running, e.waiting, e.blocks, e.metrics
+	running, waiting, blocks, mode, extra := e.running, e.waiting, e.blocks, e.metrics, e.extra
 	e.mu.Unlock()
 	switch mode {
 	case "404":
@@ -140,7 +168,7 @@ vllm:num_requests_waiting{engine="0",model_name="m"} %d
 # HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.
 # TYPE vllm:kv_cache_usage_perc gauge
 vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.25
-`, blocks, running, waiting)
+%s`, blocks, running, waiting, extra)
 	}
 }
 

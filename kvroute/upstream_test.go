@@ -49,7 +49,7 @@ func newBackend(t testing.TB, name string) *backend {
 func (b *backend) addr() string { return strings.TrimPrefix(b.srv.URL, "http://") }
 
 func (b *backend) serve(w http.ResponseWriter, r *http.Request) {
-	if r.URL.Path == "/metrics" {
+	if r.URL.Path == "/metrics" || r.URL.Path == "/v1/models" {
 		http.NotFound(w, r) // no telemetry; the policy's scrapes are not requests
 		return
 	}

@@ -51,6 +51,7 @@ const (
 	figCapacityInfo // a cache_config_info: the capacity is in its labels
 	figPageSize     // SGLang's page_size and num_pages gauges (v0.5.11): capacity is their product
 	figNumPages
+	figLoRAInfo // vLLM's lora_requests_info: the adapters are in its labels (lora.go)
 	numFigures
 )
 
@@ -72,6 +73,7 @@ var families = func() map[string]family {
 		"vllm:kv_cache_usage_perc":  {engine: EngineVLLM, figure: figUsage},
 		"vllm:gpu_cache_usage_perc": {engine: EngineVLLM, figure: figUsageOld},
 		"vllm:cache_config_info":    {engine: EngineVLLM, figure: figCapacityInfo},
+		"vllm:lora_requests_info":   {engine: EngineVLLM, figure: figLoRAInfo},
 		// llama.cpp server (tools/server/README.md; kv_cache_usage_ratio was removed in 2025,
 		// and its KV size is n_ctx of /props, see ParseProps)
 		"llamacpp:requests_processing":  {engine: EngineLlamaCpp, figure: figRunning},
@@ -178,7 +180,7 @@ func (p *parser) parse(page []byte) (Reading, error) {
 	}
 	r := interpret(fams)
 	r.Ignored += ignored
-	if r.Known == 0 && r.Counters.Known&^HasStartTime == 0 {
+	if r.Known == 0 && r.Counters.Known&^HasStartTime == 0 && r.LoRA == nil {
 		if r.Engine == EngineUnknown {
 			return r, ErrNoEngine
 		}
@@ -194,7 +196,7 @@ func (p *parser) parse(page []byte) (Reading, error) {
 // lines routing needs.
 func (p *parser) keep(page []byte) (dropped int) {
 	p.kept = p.kept[:0]
-	samples := 0
+	samples, loraSamples := 0, 0
 	for len(page) > 0 {
 		line := page
 		if i := bytes.IndexByte(page, '\n'); i >= 0 {
@@ -209,7 +211,16 @@ func (p *parser) keep(page []byte) (dropped int) {
 		if !known(name) {
 			continue
 		}
-		if sample {
+		switch {
+		case sample && string(name) == loraFamily:
+			// A series per label set, and the engine never drops one: a long-running engine
+			// serving many adapters writes many, which must not crowd out the load figures.
+			if loraSamples == maxLoRASeries {
+				dropped++
+				continue
+			}
+			loraSamples++
+		case sample:
 			if samples == maxSamples {
 				dropped++
 				continue
@@ -298,6 +309,12 @@ func interpret(fams map[string]*dto.MetricFamily) Reading {
 	for name, mf := range fams {
 		f, ok := families[name]
 		if !ok || f.engine != r.Engine {
+			continue
+		}
+		if f.figure == figLoRAInfo {
+			var bad int
+			r.LoRA, bad = loraInfo(mf)
+			r.Ignored += bad
 			continue
 		}
 		for _, m := range mf.GetMetric() {

@@ -90,6 +90,9 @@ type Reading struct {
 	// Counters are the engine's cumulative totals (tokens, prefix-cache hits, prefill time,
 	// TTFT, its start time): Diff of two readings gives the interval's.
 	Counters Counters `json:"counters"`
+	// LoRA is what the engine's newest vllm:lora_requests_info series says of its LoRA
+	// adapters; nil when the page has none.
+	LoRA *LoRAInfo `json:"lora,omitempty"`
 	// Ignored counts the samples of understood families that were dropped as invalid: NaN or
 	// infinite, negative, a usage above 1, a capacity of 0 or an implausibly large count.
 	Ignored int `json:"ignored"`

@@ -162,6 +162,15 @@ type Snapshot struct {
 	// with (a wobble, a total gone, another model, an absurd rate, changed buckets).
 	Restarts  uint64 `json:"restarts"`
 	Anomalies uint64 `json:"anomalies"`
+	// Models is the latest model list read from the engine's /v1/models (Options.ModelsEvery),
+	// at ModelsAt; nil until one was read. It stays when a later read fails.
+	Models   *ModelList `json:"models,omitempty"`
+	ModelsAt time.Time  `json:"models_at,omitzero"`
+	// ModelsOutcome is that of the latest read of the list (OutcomeNoEngine: not a model
+	// list), ModelsError its error; ModelsCounts counts the reads by outcome.
+	ModelsOutcome Outcome `json:"models_outcome"`
+	ModelsError   string  `json:"models_error,omitempty"`
+	ModelsCounts  Counts  `json:"models_counts"`
 }
 
 // Age is the age of the latest reading at now, or -1 when there has been none.
@@ -203,6 +212,17 @@ type Options struct {
 	// counts refused connections as health failures. A scrape that ends as its target is
 	// removed may still be observed once.
 	Observe func(prev, cur *Snapshot)
+	// ModelsEvery, when positive, makes each target's loop also read the engine's GET
+	// /v1/models (beside the metrics URL: ModelsURL) this often, and again at once after a
+	// restart or a run of refused connections (the engine may come back with other models).
+	// A failed read is retried with the scrapes' backoff, up to ModelsEvery. Zero: not read.
+	ModelsEvery time.Duration
+	// Resolver, when set, resolves the targets' host names for the default Client (a proxy
+	// whose transport names its own DNS resolvers: the readers dial as the proxy does).
+	Resolver *net.Resolver
+	// Header is added to every request (the metrics page, /v1/models, llama.cpp's /props):
+	// an engine started with an API key wants it on /v1/models. Never logged.
+	Header http.Header
 	// Skip, when set, is asked before each scrape of a target (from its goroutine; it must
 	// return quickly): true leaves this scrape out, and the target is asked again an interval
 	// later. A cluster replica skips an engine another replica reads for it (Adopt).
@@ -228,7 +248,7 @@ func (o Options) withDefaults() Options {
 	}
 	if o.Client == nil {
 		o.Client = &http.Client{Transport: &http.Transport{
-			DialContext:            (&net.Dialer{KeepAlive: 30 * time.Second}).DialContext,
+			DialContext:            (&net.Dialer{KeepAlive: 30 * time.Second, Resolver: o.Resolver}).DialContext,
 			DisableCompression:     true,
 			MaxIdleConnsPerHost:    1,
 			IdleConnTimeout:        90 * time.Second,
@@ -266,6 +286,10 @@ type target struct {
 	nCtx     int64 // llama.cpp's n_ctx from /props, 0 when unknown
 	nCtxRead time.Time
 	last     *Reading // the previous reading of this Scraper's own, for Diff
+	// The model list's schedule: read when modelsNext is due (zero: at the next scrape).
+	modelsNext     time.Time
+	modelsFailures int
+	modelsBuf      []byte
 }
 
 // NewScraper returns a Scraper with no targets.
@@ -434,6 +458,11 @@ func (s *Scraper) run(ctx context.Context, tg *target) {
 		case <-timer.C:
 		}
 		if s.opts.Skip != nil && s.opts.Skip(tg.Key) {
+			// Another replica reads the metrics; the model list is not shared, so it is read
+			// here still.
+			if s.opts.ModelsEvery > 0 && !time.Now().Before(tg.modelsNext) && !s.modelsOnly(ctx, tg) {
+				return
+			}
 			timer.Reset(s.wait(0))
 			continue
 		}
@@ -476,6 +505,8 @@ func (s *Scraper) scrape(ctx context.Context, tg *target) *Snapshot {
 		next.Counts, next.Ignored = prev.Counts, prev.Ignored
 		next.FromPeer = prev.FromPeer
 		next.Restarts, next.Anomalies = prev.Restarts, prev.Anomalies
+		next.Models, next.ModelsAt = prev.Models, prev.ModelsAt
+		next.ModelsOutcome, next.ModelsError, next.ModelsCounts = prev.ModelsOutcome, prev.ModelsError, prev.ModelsCounts
 	}
 	next.Counts[outcome]++
 	next.Ignored += uint64(reading.Ignored)
@@ -492,12 +523,96 @@ func (s *Scraper) scrape(ctx context.Context, tg *target) *Snapshot {
 			}
 		}
 		tg.last = &next.Reading
+		if next.Delta != nil && next.Delta.Restart {
+			tg.modelsNext = time.Time{} // a restarted engine may serve other models
+		}
 	} else {
 		next.Failures++
 		next.LastError, next.LastErrorAt = err.Error(), now
 		tg.nCtxRead = time.Time{} // a restarted llama.cpp may have another n_ctx
 	}
+	if outcome == OutcomeRefused {
+		// Down, perhaps restarting: the list is read again as soon as the engine answers.
+		tg.modelsNext = time.Time{}
+	} else if s.opts.ModelsEvery > 0 && !now.Before(tg.modelsNext) {
+		s.readModels(ctx, tg, next, now)
+		if ctx.Err() != nil {
+			return nil
+		}
+	}
 	return next
+}
+
+// modelsOnly reads the target's model list without a scrape and publishes it in a new
+// snapshot (not observed: nothing else changed). It reports false when ctx ended.
+func (s *Scraper) modelsOnly(ctx context.Context, tg *target) bool {
+	now := time.Now()
+	tmp := &Snapshot{}
+	if prev := tg.snap.Load(); prev != nil {
+		tmp.ModelsCounts = prev.ModelsCounts
+	}
+	s.readModels(ctx, tg, tmp, now)
+	if ctx.Err() != nil {
+		return false
+	}
+	for {
+		prev := tg.snap.Load()
+		next := &Snapshot{Key: tg.Key, URL: tg.URL}
+		if prev != nil {
+			*next = *prev
+			next.Delta = nil
+		}
+		if tmp.Models != nil {
+			next.Models, next.ModelsAt = tmp.Models, tmp.ModelsAt
+		}
+		next.ModelsOutcome, next.ModelsError, next.ModelsCounts = tmp.ModelsOutcome, tmp.ModelsError, tmp.ModelsCounts
+		if tg.snap.CompareAndSwap(prev, next) {
+			return true
+		}
+	}
+}
+
+// readModels reads the target's model list into next and schedules the next read: after
+// ModelsEvery, or after a failure with the scrapes' backoff (capped at ModelsEvery).
+func (s *Scraper) readModels(ctx context.Context, tg *target, next *Snapshot, now time.Time) {
+	outcome, err := s.fetchModels(ctx, tg, next)
+	if ctx.Err() != nil {
+		return
+	}
+	next.ModelsOutcome = outcome
+	next.ModelsCounts[outcome]++
+	if err != nil {
+		next.ModelsError = err.Error()
+		tg.modelsFailures++
+		tg.modelsNext = now.Add(min(s.wait(tg.modelsFailures), s.opts.ModelsEvery))
+		return
+	}
+	next.ModelsError = ""
+	tg.modelsFailures = 0
+	tg.modelsNext = now.Add(jitter(s.opts.ModelsEvery, 0.9, 1.1))
+}
+
+// fetchModels reads and parses the target's /v1/models.
+func (s *Scraper) fetchModels(ctx context.Context, tg *target, next *Snapshot) (Outcome, error) {
+	u, err := ModelsURL(tg.URL)
+	if err != nil {
+		return OutcomeStatus, err
+	}
+	body, answered, outcome, err := s.get(ctx, u, &tg.modelsBuf, MaxModelsBytes)
+	defer func() {
+		if cap(tg.modelsBuf) > maxKeptBuffer {
+			tg.modelsBuf = nil
+		}
+	}()
+	if err != nil {
+		return outcome, err
+	}
+	l, err := ParseModels(body)
+	if err != nil {
+		return OutcomeGarbled, fmt.Errorf("GET %s: %w", u, err)
+	}
+	next.Models, next.ModelsAt = &l, answered
+	return OutcomeOK, nil
 }
 
 // fetch reads and parses the target's page, classifying what went wrong.
@@ -581,6 +696,9 @@ func (s *Scraper) get(ctx context.Context, url string, buf *[]byte, limit int64)
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
 		return nil, time.Time{}, OutcomeStatus, fmt.Errorf("GET %s: %w", url, err)
+	}
+	for k, v := range s.opts.Header {
+		req.Header[k] = v
 	}
 	// The text format only: an engine that also speaks protobuf or OpenMetrics keeps to it.
 	req.Header.Set("Accept", "text/plain;version=0.0.4;q=1,*/*;q=0.1")

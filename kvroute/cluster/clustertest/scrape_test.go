@@ -32,6 +32,10 @@ func newEngine(t *testing.T) *engine {
 	}
 	e := &engine{}
 	e.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/v1/models" {
+			http.NotFound(w, r) // the readers' model list: not a request
+			return
+		}
 		if r.URL.Path == "/metrics" {
 			e.scrapes.Add(1)
 			w.Header().Set("Content-Type", "text/plain; version=0.0.4")
