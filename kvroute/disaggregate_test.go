@@ -374,4 +374,3 @@ func TestDisaggregateBadConfig(t *testing.T) {
 		}
 	}
 }
-
