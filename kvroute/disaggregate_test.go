@@ -2,12 +2,18 @@ package kvroute
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -16,6 +22,8 @@ import (
 
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
+
+	"github.com/kvroute/caddy-kvroute/examples/llmsim"
 )
 
 // pdFleet is a registry of KV transfers shared by the P/D engines of one test: a prefill
@@ -372,5 +380,120 @@ func TestDisaggregateBadConfig(t *testing.T) {
 		if !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), "Caddyfile:1") {
 			t.Errorf("%q: error %q should name %q and the file:line (Caddyfile:1x)", tc.opts, err, tc.want)
 		}
+	}
+}
+
+// TestDisaggregateLLMSimFleet: 2 prefill and 2 decode workers of the repo's simulator in P/D
+// mode, whose decode workers accept only transfers a prefill worker of the fleet served. Every
+// split request's handshake holds (no transfer refused, none left pending); streamed answers
+// come through; a prefill worker killed mid-run costs no client a failed request.
+func TestDisaggregateLLMSimFleet(t *testing.T) {
+	leakCheck(t)
+	tr := llmsim.NewTransfers()
+	start := func(name, role string) *llmsim.Worker {
+		w, err := llmsim.StartWorker("127.0.0.1:0", llmsim.Config{Name: name, Role: role, Transfers: tr, Speed: 50, MinEventInterval: -1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { w.Close() })
+		return w
+	}
+	p0, p1 := start("p0", llmsim.RolePrefill), start("p1", llmsim.RolePrefill)
+	d0, d1 := start("d0", llmsim.RoleDecode), start("d1", llmsim.RoleDecode)
+	cfg := pdConfig(p0.Addr+" "+p1.Addr, d0.Addr+" "+d1.Addr, "split always", "")
+	cfg = strings.ReplaceAll(cfg, `"m"`, `"`+llmsim.DefaultModel+`"`)
+	startCaddy(t, cfg)
+	client := &http.Client{Timeout: 30 * time.Second}
+	failed := 0
+	run := func(from, to int) {
+		for i := from; i < to; i++ {
+			body := fmt.Sprintf(`{"model":%q,"messages":[{"role":"user","content":%q}],"max_tokens":4,"stream":%t}`,
+				llmsim.DefaultModel, fmt.Sprintf("document %d: ", i%5)+strings.Repeat("words to prefill ", 300), i%2 == 0)
+			code, got := postPD(t, client, body)
+			if code != http.StatusOK {
+				failed++
+				t.Errorf("request %d: status %d: %s", i, code, got)
+			}
+		}
+	}
+	splitBefore, failedBefore := disaggCounts[disaggSplit].Load(), disaggCounts[disaggPrefillFailed].Load()
+	run(0, 10)
+	if tr.Refused.Load() != 0 || tr.Taken.Load() != 10 || tr.Pending() != 0 {
+		t.Fatalf("transfers: served %d, taken %d, refused %d, pending %d; want 10 taken, none refused or pending",
+			tr.Served.Load(), tr.Taken.Load(), tr.Refused.Load(), tr.Pending())
+	}
+	p0.Close()
+	run(10, 30)
+	if failed != 0 {
+		t.Fatalf("%d client requests failed with a prefill worker down", failed)
+	}
+	split := disaggCounts[disaggSplit].Load() - splitBefore
+	pf := disaggCounts[disaggPrefillFailed].Load() - failedBefore
+	if split+pf != 30 || tr.Taken.Load() != split || tr.Refused.Load() != 0 {
+		t.Fatalf("split %d, prefill_failed %d, taken %d, refused %d: want every split's transfer taken, 30 requests", split, pf, tr.Taken.Load(), tr.Refused.Load())
+	}
+	t.Logf("2P+2D llmsim (speed 50): 30 requests, %d split, %d aggregated after the prefill leg failed (p0 killed after 10)", split, pf)
+}
+
+// TestDisaggregateLlmdSimulator: llm-d's simulator as the prefill and the decode engine, for
+// protocol compatibility only (its prefill answers dummy parameters, its decode does not check
+// them): the prefill leg's shape is accepted, its answer's kv_transfer_params are found and
+// handed to the decode leg, which the simulator serves with its KV transfer latency.
+func TestDisaggregateLlmdSimulator(t *testing.T) {
+	bin := os.Getenv("KVROUTE_LLMD_BIN")
+	if bin == "" {
+		bin = filepath.Join("..", "examples", "llmdsim", "bin", "llm-d-inference-sim")
+		if _, err := os.Stat(bin); err != nil {
+			t.Skipf("no llm-d-inference-sim binary (%v)", err)
+		}
+	}
+	leakCheck(t)
+	sim := func() string {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		port := ln.Addr().(*net.TCPAddr).Port
+		ln.Close()
+		cmd := exec.Command(bin, "--port", strconv.Itoa(port), "--model", "llama-3.1-8b", "--force-dummy-tokenizer",
+			"--mode", "random", "--max-model-len", "32768", "--kv-cache-transfer-latency", "5ms")
+		cmd.Env = append(os.Environ(), "POD_IP=127.0.0.1")
+		var log bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &log, &log
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			cmd.Process.Kill()
+			cmd.Wait()
+			if t.Failed() {
+				t.Logf("simulator's log:\n%s", log.String())
+			}
+		})
+		addr := "127.0.0.1:" + strconv.Itoa(port)
+		waitUntil(t, 20*time.Second, func() bool {
+			resp, err := http.Get("http://" + addr + "/health")
+			if err != nil {
+				return false
+			}
+			resp.Body.Close()
+			return resp.StatusCode == http.StatusOK
+		}, "the simulator's /health")
+		return addr
+	}
+	p, d := sim(), sim()
+	cfg := strings.ReplaceAll(pdConfig(p, d, "split always", ""), `"m"`, `"llama-3.1-8b"`)
+	startCaddy(t, cfg)
+	client := &http.Client{Timeout: 30 * time.Second}
+	split, pf := disaggCounts[disaggSplit].Load(), disaggCounts[disaggPrefillFailed].Load()
+	for _, stream := range []bool{false, true} {
+		body := fmt.Sprintf(`{"model":"llama-3.1-8b","messages":[{"role":"user","content":%q}],"max_tokens":5,"stream":%t,"stream_options":{"include_usage":true}}`,
+			strings.Repeat("a prompt for the prefill engine. ", 100), stream)
+		if code, got := postPD(t, client, body); code != http.StatusOK {
+			t.Fatalf("stream %t: status %d: %s", stream, code, got)
+		}
+	}
+	if n, f := disaggCounts[disaggSplit].Load()-split, disaggCounts[disaggPrefillFailed].Load()-pf; n != 2 || f != 0 {
+		t.Fatalf("split %d, prefill_failed %d: want both requests split (the simulator's prefill answer carries kv_transfer_params)", n, f)
 	}
 }
