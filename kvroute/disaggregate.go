@@ -579,3 +579,17 @@ func registerDisaggMetrics(ctx caddy.Context) {
 		_ = reg.Register(c) // already registered by an earlier config: it keeps counting
 	}
 }
+
+// disaggStatus is what GET /kvroute/ shows of llm_disaggregate: its requests by path.
+func disaggStatus() map[string]uint64 {
+	var out map[string]uint64
+	for i := range disaggCounts {
+		if n := disaggCounts[i].Load(); n > 0 {
+			if out == nil {
+				out = make(map[string]uint64, numDisaggPaths)
+			}
+			out[disaggPathNames[i]] = n
+		}
+	}
+	return out
+}

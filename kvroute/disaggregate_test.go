@@ -224,6 +224,18 @@ func TestDisaggregateHandshake(t *testing.T) {
 	if n := disaggCounts[disaggSplit].Load() - before; n != 2 {
 		t.Errorf("split counted %d times, want 2", n)
 	}
+	if st := getStatus(t); st.Disaggregation["split"] < 2 {
+		t.Errorf("GET /kvroute/ shows disaggregation %v, want split >= 2", st.Disaggregation)
+	}
+	// Each leg is credited to its own engine: the prefill engine's two answers (with usage)
+	// to it, not to the decode engine.
+	waitUntil(t, 5*time.Second, func() bool {
+		fb := upstreamFeedback(p.addr())
+		return fb != nil && fb.withUsage.Load() == 2
+	}, "the prefill legs' usage credited to the prefill engine")
+	if fb := upstreamFeedback(dec.addr()); fb != nil && fb.withUsage.Load() != 0 {
+		t.Errorf("the decode engine was credited %d usages; its answers carry none", fb.withUsage.Load())
+	}
 }
 
 func TestDisaggregateRetryResendsDecodeBody(t *testing.T) {
