@@ -273,10 +273,10 @@ func (d *Disaggregate) ServeHTTP(w http.ResponseWriter, r *http.Request, next ca
 		}
 		lr = requestFor(r, DefaultMaxBody)
 	}
-	fields, ok := d.splittable(r, lr)
-	if !ok {
+	fields := heldFields(r, lr)
+	if fields == nil || (lr.Format != llmreq.Chat && lr.Format != llmreq.Completion) {
 		d.count(disaggFallback)
-		return next.ServeHTTP(w, r)
+		return d.aggregated(w, r, next, lr, fields)
 	}
 	if path, skip := d.skip(r, lr); skip {
 		d.count(path)
@@ -300,7 +300,8 @@ func (d *Disaggregate) ServeHTTP(w http.ResponseWriter, r *http.Request, next ca
 	return next.ServeHTTP(w, r)
 }
 
-// aggregated sends the request to the decode pool whole, without the P/D fields a client sent.
+// aggregated sends the request to the decode pool whole, without the P/D fields a client sent
+// (fields nil: the body is forwarded as it came).
 func (d *Disaggregate) aggregated(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, lr *llmRequest, fields map[string]json.RawMessage) error {
 	if hasPDFields(fields) {
 		for _, k := range pdFields {
@@ -341,24 +342,21 @@ func (d *Disaggregate) hold(r *http.Request, lr *llmRequest, fields map[string]j
 	return nil
 }
 
-// splittable reports whether the request can be split, and its body's top-level fields: a
-// chat or completions request whose body is held whole, unencoded, a JSON object.
-func (d *Disaggregate) splittable(r *http.Request, lr *llmRequest) (map[string]json.RawMessage, bool) {
+// heldFields returns the top-level fields of a body held whole, unencoded, a JSON object; nil
+// for any other: such a body cannot be split, nor rewritten.
+func heldFields(r *http.Request, lr *llmRequest) map[string]json.RawMessage {
 	if lr.body == nil || !lr.body.Whole() || lr.err != nil {
-		return nil, false
+		return nil
 	}
 	if ce := r.Header.Get("Content-Encoding"); ce != "" && !strings.EqualFold(ce, "identity") {
-		return nil, false
-	}
-	if lr.Format != llmreq.Chat && lr.Format != llmreq.Completion {
-		return nil, false
+		return nil
 	}
 	raw, _ := lr.body.Prefix(lr.maxBody + 1)
 	var fields map[string]json.RawMessage
-	if err := json.Unmarshal(raw, &fields); err != nil || fields == nil {
-		return nil, false
+	if err := json.Unmarshal(raw, &fields); err != nil {
+		return nil
 	}
-	return fields, true
+	return fields
 }
 
 // skip reports, under split auto, whether the request goes to the decode pool alone: its

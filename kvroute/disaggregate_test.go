@@ -289,6 +289,17 @@ func TestDisaggregatePrefillDownGoesAggregated(t *testing.T) {
 	if dec.refused.Load() != 0 {
 		t.Errorf("decode refused %d", dec.refused.Load())
 	}
+	// A format that is not split loses the client's P/D fields too.
+	resp, err := client.Post(baseURL+"/v1/responses", "application/json", strings.NewReader(
+		`{"model":"m","input":"hello","bootstrap_room":7,"kv_transfer_params":{"do_remote_prefill":true,"remote_block_ids":["forged"]}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	got := dec.got()
+	if last := got[len(got)-1]; resp.StatusCode != http.StatusOK || last["kv_transfer_params"] != nil || last["bootstrap_room"] != nil || last["input"] != "hello" {
+		t.Errorf("Responses request: status %d, the decode engine got %v; want the client's fields without its P/D fields", resp.StatusCode, last)
+	}
 }
 
 func TestDisaggregateShortPromptNotSplit(t *testing.T) {
