@@ -520,3 +520,40 @@ func TestDisaggregateLlmdSimulator(t *testing.T) {
 		t.Fatalf("split %d, prefill_failed %d: want both requests split (the simulator's prefill answer carries kv_transfer_params)", n, f)
 	}
 }
+
+// TestDisaggregateBodyNotHeldNotSplit: a body over max_body is neither split nor rewritten:
+// it reaches the decode pool byte for byte.
+func TestDisaggregateBodyNotHeldNotSplit(t *testing.T) {
+	fl := new(pdFleet)
+	p := newPDEngine(t, fl, "p1", true)
+	raw := make(chan []byte, 4)
+	dec := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		raw <- b
+		w.Header().Set("Content-Type", "application/json")
+		io.WriteString(w, `{"choices":[]}`)
+	}))
+	t.Cleanup(dec.Close)
+	cfg := strings.Replace(pdConfig(p.addr(), strings.TrimPrefix(dec.URL, "http://"), "split always", ""), "@llm llm_prompt\n", "@llm llm_prompt {\n\t\tmax_body 2KiB\n\t}\n", 1)
+	startCaddy(t, cfg)
+	client := &http.Client{Timeout: 20 * time.Second}
+	fallback := disaggCounts[disaggFallback].Load()
+	long := longChat(false, `,"kv_transfer_params":{"do_remote_prefill":true}`)
+	if code, got := postPD(t, client, long); code != http.StatusOK {
+		t.Fatalf("status %d: %s", code, got)
+	}
+	select {
+	case b := <-raw:
+		if string(b) != long {
+			t.Errorf("a body over max_body reached the decode pool changed (%d bytes, want %d)", len(b), len(long))
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the decode pool never got the request")
+	}
+	if len(p.got()) != 0 {
+		t.Errorf("the prefill engine got %d requests, want none", len(p.got()))
+	}
+	if n := disaggCounts[disaggFallback].Load() - fallback; n != 1 {
+		t.Errorf("aggregated_fallback counted %d, want 1", n)
+	}
+}
