@@ -22,9 +22,11 @@ func init() {
 	httpcaddyfile.RegisterHandlerDirective("llm_feedback", parseFeedback)
 	// The handlers that see answers run before reverse_proxy, in this order: llm_feedback
 	// wraps the response first, so that it sees the answer of whatever runs inside it.
-	// llm_disaggregate (issue 25) registers its own order after llm_feedback, before
-	// reverse_proxy, next to this one once its module exists.
+	// llm_disaggregate comes after llm_feedback (which then sees the decode leg's answer, the
+	// one the client gets), before reverse_proxy (the decode pool). An order may only name a
+	// standard directive: both go right before reverse_proxy, here, one after the other.
 	httpcaddyfile.RegisterDirectiveOrder("llm_feedback", httpcaddyfile.Before, "reverse_proxy")
+	httpcaddyfile.RegisterDirectiveOrder("llm_disaggregate", httpcaddyfile.Before, "reverse_proxy")
 }
 
 // Feedback is the handler `llm_feedback`: it reads each answer of a request that a

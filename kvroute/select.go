@@ -324,6 +324,11 @@ func (p *KVCacheAware) session(r *http.Request, req *llmRequest, pool reversepro
 		return s
 	}
 	s.key = p.state.sessionKey(s.id)
+	if req.leg == legPrefill {
+		// A split request's session is bound in each pool apart (llm_disaggregate): the prefill
+		// pool's binding must not move the decode pool's.
+		s.key = "prefill\x00" + s.key
+	}
 	store := p.state.sessions
 	if s.source == issued {
 		store = p.state.pending

@@ -27,6 +27,9 @@ type Status struct {
 	// RecentDecisions are the latest decisions of decision cost, newest first, with every
 	// candidate's prediction (admin only: the explain header shows the chosen one's).
 	RecentDecisions []DecisionStatus `json:"recent_decisions,omitempty"`
+	// Disaggregation counts llm_disaggregate's requests by path (split, aggregated_short,
+	// aggregated_fallback, prefill_failed), since the process started; absent before any.
+	Disaggregation map[string]uint64 `json:"disaggregation,omitempty"`
 }
 
 // ModelStatus is one model's tree.
@@ -83,6 +86,7 @@ func (s *state) status() Status {
 	st.LastEviction = s.lastEviction.Load()
 	st.CharsPerToken = s.learnedCharsMap()
 	st.RecentDecisions = s.recent.snapshot()
+	st.Disaggregation = disaggStatus()
 	addrs := s.upstreamAddrs()
 	for _, name := range s.forest.Names() {
 		t := s.forest.Get(name)

@@ -54,6 +54,13 @@ type Config struct {
 	MinEventInterval time.Duration
 	// MaxBodyBytes bounds the request body read.
 	MaxBodyBytes int64
+	// Role in prefill/decode disaggregation: RoleAggregated (default), RolePrefill or
+	// RoleDecode (pd.go). Prefill and decode workers of one fleet share Transfers.
+	Role      string
+	Transfers *Transfers
+	// TransferPerToken is the time a decode worker spends receiving one uncached prompt
+	// token's KV instead of prefilling it. Default: DefaultTransferPerToken.
+	TransferPerToken time.Duration
 }
 
 // withDefaults returns cfg with zero fields set to their defaults.
@@ -84,6 +91,10 @@ func (cfg Config) withDefaults() Config {
 	}
 	if cfg.DefaultMaxTokens <= 0 {
 		cfg.DefaultMaxTokens = DefaultMaxTokens
+	}
+	cfg.TransferPerToken = orDefault(cfg.TransferPerToken, DefaultTransferPerToken)
+	if cfg.Role != RoleAggregated && cfg.Transfers == nil {
+		cfg.Transfers = NewTransfers()
 	}
 	if cfg.MaxBodyBytes <= 0 {
 		cfg.MaxBodyBytes = DefaultMaxBodyBytes

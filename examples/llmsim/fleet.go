@@ -26,6 +26,7 @@ func StartWorker(addr string, cfg Config) (*Worker, error) {
 		return nil, fmt.Errorf("worker %s: %w", cfg.Name, err)
 	}
 	w := &Worker{Server: New(cfg), Addr: ln.Addr().String()}
+	w.advertise = w.Addr
 	w.URL = "http://" + w.Addr
 	w.srv = &http.Server{Handler: w.Server, ReadHeaderTimeout: 10 * time.Second}
 	go w.srv.Serve(ln)

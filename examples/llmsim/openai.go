@@ -19,6 +19,7 @@ type apiRequest struct {
 	StreamOptions       *struct {
 		IncludeUsage bool `json:"include_usage"`
 	} `json:"stream_options"`
+	KVTransferParams *kvParams `json:"kv_transfer_params"`
 }
 
 type apiMessage struct {
@@ -35,6 +36,7 @@ type job struct {
 	maxTokens    int
 	stream       bool
 	includeUsage bool
+	kv           *kvParams // vLLM's kv_transfer_params (prefill/decode disaggregation)
 }
 
 // parseJob decodes a chat (chat == true) or completions request body.
@@ -43,7 +45,10 @@ func parseJob(body []byte, chat bool, defaultMaxTokens int) (job, error) {
 	if err := json.Unmarshal(body, &req); err != nil {
 		return job{}, fmt.Errorf("invalid JSON body: %w", err)
 	}
-	j := job{chat: chat, model: req.Model, stream: req.Stream, maxTokens: defaultMaxTokens}
+	j := job{chat: chat, model: req.Model, stream: req.Stream, maxTokens: defaultMaxTokens, kv: req.KVTransferParams}
+	if j.kv != nil && j.kv.DoRemoteDecode && (j.stream || req.StreamOptions != nil) {
+		return job{}, errors.New("a prefill request (kv_transfer_params.do_remote_decode) must not stream")
+	}
 	j.includeUsage = req.StreamOptions != nil && req.StreamOptions.IncludeUsage
 	switch {
 	case req.MaxCompletionTokens != nil:
@@ -281,6 +286,8 @@ type response struct {
 	Model   string   `json:"model"`
 	Choices []choice `json:"choices"`
 	Usage   *Usage   `json:"usage,omitempty"`
+	// KVTransferParams: a prefill worker's handover to the decode worker.
+	KVTransferParams json.RawMessage `json:"kv_transfer_params,omitempty"`
 }
 
 type apiError struct {

@@ -28,6 +28,8 @@ type Server struct {
 	mux     *http.ServeMux
 	seq     atomic.Uint64
 	m       counters
+	// advertise is the host:port a prefill worker names in its transfer parameters.
+	advertise string
 }
 
 // New returns a worker simulating cfg (zero fields take the defaults).
@@ -184,8 +186,42 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, j job) {
 
 	clock := newSleeper()
 	defer clock.stop()
-	cached, ok := s.runPrefill(ctx, p, clock)
+	var cached int
+	var ok bool
+	switch {
+	case s.cfg.Role == RoleDecode && j.kv != nil && j.kv.DoRemotePrefill:
+		if err := s.takeTransfer(j.kv); err != nil {
+			writeError(w, http.StatusBadRequest, err.Error())
+			return
+		}
+		cached, ok = s.runTransfer(ctx, p, clock)
+	case s.cfg.Role == RoleDecode && j.kv != nil:
+		writeError(w, http.StatusBadRequest, "a decode worker takes do_remote_prefill transfers or whole requests")
+		return
+	default:
+		cached, ok = s.runPrefill(ctx, p, clock)
+	}
 	if !ok {
+		return
+	}
+	if s.cfg.Role == RolePrefill && j.kv != nil && j.kv.DoRemoteDecode {
+		// The prefill leg: one token and the handover, at once.
+		s.m.ttft.observe(time.Since(arrived))
+		s.cfg.Transfers.Prefills.Add(1)
+		finish := "length"
+		resp := response{ID: s.responseID(j), Created: time.Now().Unix(), Model: s.cfg.Model,
+			Usage:            &Usage{PromptTokens: p.Tokens, CompletionTokens: 1, TotalTokens: p.Tokens + 1, PromptTokensDetails: PromptTokensDetails{CachedTokens: cached}},
+			KVTransferParams: s.prefillAnswer(p.Tokens)}
+		c := choice{FinishReason: &finish}
+		text := "x"
+		if j.chat {
+			resp.Object, c.Message = "chat.completion", &chatMessage{Role: "assistant", Content: text}
+		} else {
+			resp.Object, c.Text = "text_completion", &text
+		}
+		resp.Choices = []choice{c}
+		writeJSON(w, http.StatusOK, resp)
+		s.m.requests.Add(1)
 		return
 	}
 	s.m.ttft.observe(time.Since(arrived))
@@ -240,6 +276,20 @@ func (s *Server) runPrefill(ctx context.Context, p Prompt, clock *sleeper) (int,
 		return cached, false
 	}
 	s.m.prefillTime.observe(d)
+	s.cache.Insert(p)
+	return cached, true
+}
+
+// runTransfer is a decode worker's prefill for a request a prefill worker computed: the KV of
+// the prompt's tokens it does not hold arrives at TransferPerToken each, without the prefill
+// compute. It returns the tokens it held, and false when the client went away.
+func (s *Server) runTransfer(ctx context.Context, p Prompt, clock *sleeper) (int, bool) {
+	cached := s.cache.Lookup(p)
+	s.m.promptTokens.Add(uint64(p.Tokens))
+	s.m.cachedTokens.Add(uint64(cached))
+	if !clock.sleep(ctx, s.cfg.scaled(time.Duration(p.Tokens-cached)*s.cfg.TransferPerToken)) {
+		return cached, false
+	}
 	s.cache.Insert(p)
 	return cached, true
 }

@@ -314,3 +314,15 @@ func (rd *bodyReader) Close() error {
 	}
 	return b.rest.Close()
 }
+
+// Hold makes buf the body of r and returns it held whole: r.Body yields it, and every Attempt
+// gives a fresh reader of all of it. A handler that rewrites a request before the proxy (the
+// decode leg of a disaggregated request) hands its body over this way, so that every retry
+// resends the rewritten body. buf must not be modified afterwards.
+func Hold(r *http.Request, buf []byte) *Body {
+	b := &Body{buf: buf, whole: true}
+	b.first.b = b
+	r.Body = &b.first
+	r.ContentLength = int64(len(buf))
+	return b
+}

@@ -1,0 +1,593 @@
+package kvroute
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"maps"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+
+	"github.com/kvroute/caddy-kvroute/kvroute/llmreq"
+	"github.com/kvroute/caddy-kvroute/tree"
+)
+
+func init() {
+	caddy.RegisterModule(new(Disaggregate))
+	httpcaddyfile.RegisterHandlerDirective("llm_disaggregate", parseDisaggregate)
+}
+
+// Disaggregate is the handler `llm_disaggregate`: for an LLM request it runs the prefill leg on
+// its own pool (a child reverse_proxy, whose kv_cache_aware policy picks the prefill engine
+// with the shared state) and hands the request, with the transfer parameters the prefill
+// engine returned, to the next handler: the decode pool's reverse_proxy. The decode body
+// becomes the held body, so every decode attempt resends it. docs/disaggregation.md.
+//
+//	llm_disaggregate [<matcher>] <prefill upstreams...> {
+//		protocol     vllm
+//		split        auto|always
+//		min_uncached <tokens>
+//		<reverse_proxy options for the prefill pool: lb_policy, transport, timeouts, health...>
+//	}
+type Disaggregate struct {
+	// Prefill is the prefill pool's reverse_proxy handler.
+	Prefill json.RawMessage `json:"prefill,omitempty" caddy:"namespace=http.handlers inline_key=handler"`
+	// Protocol is the KV-transfer handshake: vllm (the KV connector's kv_transfer_params).
+	// Default: vllm.
+	Protocol string `json:"protocol,omitempty"`
+	// Split: auto splits only a prompt with at least min_uncached tokens the decode side does
+	// not hold, and nothing while the prefill pool is saturated; always splits every request
+	// that can be. Default: auto.
+	Split string `json:"split,omitempty"`
+	// MinUncached is auto's threshold in tokens. Default: 1024.
+	MinUncached *int64 `json:"min_uncached,omitempty"`
+
+	prefill *reverseproxy.Handler
+	policy  *KVCacheAware // the prefill pool's, when it is kv_cache_aware
+	inPool  map[string]bool
+	logger  *zap.Logger
+}
+
+// Defaults and bounds.
+const (
+	defaultMinUncached = 1024
+	// maxPrefillAnswer bounds what is kept of a prefill engine's answer (one token and the
+	// transfer parameters: a few KiB).
+	maxPrefillAnswer = 1 << 20
+	// prefillBodySlack is room for the fields the prefill leg adds, over the client's body.
+	prefillBodySlack = 4 << 10
+)
+
+// CaddyModule returns the Caddy module information.
+func (*Disaggregate) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{
+		ID:  "http.handlers.llm_disaggregate",
+		New: func() caddy.Module { return new(Disaggregate) },
+	}
+}
+
+// Provision loads the prefill pool's reverse_proxy.
+func (d *Disaggregate) Provision(ctx caddy.Context) error {
+	d.logger = ctx.Logger()
+	registerMetrics(ctx.GetMetricsRegistry())
+	registerDisaggMetrics(ctx)
+	if err := d.validate(); err != nil {
+		return err
+	}
+	if len(d.Prefill) == 0 {
+		return errors.New("llm_disaggregate: no prefill pool (give its upstreams)")
+	}
+	mod, err := ctx.LoadModule(d, "Prefill")
+	if err != nil {
+		return fmt.Errorf("llm_disaggregate: loading the prefill pool: %w", err)
+	}
+	rp, ok := mod.(*reverseproxy.Handler)
+	if !ok {
+		return fmt.Errorf("llm_disaggregate: the prefill pool must be a reverse_proxy handler, got %T", mod)
+	}
+	d.prefill = rp
+	d.inPool = make(map[string]bool, len(rp.Upstreams))
+	for _, u := range rp.Upstreams {
+		d.inPool[u.Dial] = true
+	}
+	if rp.LoadBalancing != nil {
+		d.policy, _ = rp.LoadBalancing.SelectionPolicy.(*KVCacheAware)
+	}
+	if d.Split == "auto" && d.policy == nil {
+		return errors.New("llm_disaggregate: split auto needs lb_policy kv_cache_aware on the prefill pool")
+	}
+	return nil
+}
+
+func (d *Disaggregate) validate() error {
+	if d.Protocol == "" {
+		d.Protocol = "vllm"
+	}
+	if d.Split == "" {
+		d.Split = "auto"
+	}
+	switch d.Protocol {
+	case "vllm":
+	case "sglang":
+		return errors.New("llm_disaggregate: protocol sglang is not supported by this build (vllm is)")
+	default:
+		return fmt.Errorf("llm_disaggregate: protocol must be vllm, got %q", d.Protocol)
+	}
+	if d.Split != "auto" && d.Split != "always" {
+		return fmt.Errorf("llm_disaggregate: split must be auto or always, got %q", d.Split)
+	}
+	if d.MinUncached != nil && *d.MinUncached < 0 {
+		return fmt.Errorf("llm_disaggregate: min_uncached must not be negative, got %d", *d.MinUncached)
+	}
+	return nil
+}
+
+// Validate checks the options.
+func (d *Disaggregate) Validate() error { return d.validate() }
+
+func (d *Disaggregate) minUncached() int64 {
+	if d.MinUncached != nil {
+		return *d.MinUncached
+	}
+	return defaultMinUncached
+}
+
+// The options llm_disaggregate reads itself; every other option of its block goes to the
+// prefill pool's reverse_proxy.
+var disaggOptions = map[string]bool{"protocol": true, "split": true, "min_uncached": true, "bootstrap_port": true}
+
+// UnmarshalCaddyfile reads the directive: its own options, and the rest of the block as the
+// prefill pool's reverse_proxy (upstreams, lb_policy, transport, timeouts, health checks).
+func (d *Disaggregate) UnmarshalCaddyfile(disp *caddyfile.Dispenser) error {
+	disp.Next()
+	seg := disp.NextSegment()
+	if len(seg) == 0 {
+		return disp.Err("llm_disaggregate: expected prefill upstreams")
+	}
+	name := seg[0]
+	name.Text = "reverse_proxy"
+	kept := []caddyfile.Token{name}
+	depth := 0
+	for i := 1; i < len(seg); {
+		t := seg[i]
+		if depth == 1 && t.Text != "}" && t.Line != seg[i-1].Line && disaggOptions[t.Text] {
+			j := i
+			for j < len(seg) && seg[j].Line == t.Line && seg[j].File == t.File {
+				j++
+			}
+			if err := d.option(caddyfile.NewDispenser(seg[i:j])); err != nil {
+				return err
+			}
+			i = j
+			continue
+		}
+		switch t.Text {
+		case "{":
+			depth++
+		case "}":
+			depth--
+		case "handle_response":
+			if depth == 1 {
+				return fmt.Errorf("%s:%d - llm_disaggregate: handle_response is not available for the prefill pool", t.File, t.Line)
+			}
+		}
+		kept = append(kept, t)
+		i++
+	}
+	if d.MinUncached != nil && d.Split == "always" {
+		return disp.Errf("llm_disaggregate: min_uncached applies to split auto only")
+	}
+	rp := new(reverseproxy.Handler)
+	if err := rp.UnmarshalCaddyfile(caddyfile.NewDispenser(kept)); err != nil {
+		return err
+	}
+	if len(rp.Upstreams) == 0 && rp.DynamicUpstreamsRaw == nil {
+		return disp.Errf("llm_disaggregate: no prefill upstreams")
+	}
+	if rp.LoadBalancing == nil {
+		rp.LoadBalancing = new(reverseproxy.LoadBalancing)
+	}
+	if rp.LoadBalancing.SelectionPolicyRaw == nil {
+		rp.LoadBalancing.SelectionPolicyRaw = json.RawMessage(`{"policy":"kv_cache_aware"}`)
+	}
+	var warnings []caddyconfig.Warning
+	d.Prefill = caddyconfig.JSONModuleObject(rp, "handler", "reverse_proxy", &warnings)
+	return nil
+}
+
+// option reads one of llm_disaggregate's own options.
+func (d *Disaggregate) option(o *caddyfile.Dispenser) error {
+	o.Next()
+	opt := o.Val()
+	args := o.RemainingArgs()
+	switch opt {
+	case "protocol":
+		if len(args) != 1 || (args[0] != "vllm" && args[0] != "sglang") {
+			return o.Errf("llm_disaggregate: protocol takes vllm or sglang")
+		}
+		if args[0] == "sglang" {
+			return o.Errf("llm_disaggregate: protocol sglang is not supported by this build (vllm is)")
+		}
+		d.Protocol = args[0]
+	case "split":
+		if len(args) != 1 || (args[0] != "auto" && args[0] != "always") {
+			return o.Errf("llm_disaggregate: split takes auto or always")
+		}
+		d.Split = args[0]
+	case "min_uncached":
+		if len(args) != 1 {
+			return o.Errf("llm_disaggregate: min_uncached takes one number of tokens")
+		}
+		n, err := strconv.ParseInt(args[0], 10, 64)
+		if err != nil || n < 0 {
+			return o.Errf("llm_disaggregate: min_uncached: %q is not a number of tokens", args[0])
+		}
+		d.MinUncached = &n
+	case "bootstrap_port":
+		return o.Errf("llm_disaggregate: bootstrap_port is for protocol sglang, which this build does not support")
+	}
+	return nil
+}
+
+func parseDisaggregate(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error) {
+	d := new(Disaggregate)
+	err := d.UnmarshalCaddyfile(h.Dispenser)
+	return d, err
+}
+
+// The paths a request takes through llm_disaggregate.
+const (
+	disaggSplit         = iota // prefill leg, then the decode leg with its parameters
+	disaggShort                // split auto: too few uncached tokens on the decode side
+	disaggFallback             // not splittable (body not held whole, encoded, format) or the prefill pool saturated
+	disaggPrefillFailed        // the prefill leg failed or returned no parameters: aggregated
+	numDisaggPaths
+)
+
+var disaggPathNames = [numDisaggPaths]string{"split", "aggregated_short", "aggregated_fallback", "prefill_failed"}
+
+// pdFields are the top-level fields that steer disaggregation in vLLM and SGLang: a client
+// never chooses where KV comes from, so they are removed from what it sent.
+var pdFields = []string{"kv_transfer_params", "bootstrap_host", "bootstrap_port", "bootstrap_room"}
+
+// ServeHTTP runs the prefill leg when the request should be split, then the next handler.
+func (d *Disaggregate) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
+	lr, _ := caddyhttp.GetVar(r.Context(), varRequest).(*llmRequest)
+	if lr == nil {
+		if !hasVars(r) {
+			return next.ServeHTTP(w, r)
+		}
+		lr = requestFor(r, DefaultMaxBody)
+	}
+	fields := heldFields(r, lr)
+	if fields == nil || (lr.Format != llmreq.Chat && lr.Format != llmreq.Completion) {
+		d.count(disaggFallback)
+		return d.aggregated(w, r, next, lr, fields)
+	}
+	if path, skip := d.skip(r, lr); skip {
+		d.count(path)
+		return d.aggregated(w, r, next, lr, fields)
+	}
+	params, err := d.prefillLeg(r, lr, fields)
+	if err != nil {
+		d.count(disaggPrefillFailed)
+		if r.Context().Err() != nil {
+			return caddyhttp.Error(499, r.Context().Err())
+		}
+		d.logger.Debug("prefill leg failed: the request goes on aggregated", zap.Error(err))
+		return d.aggregated(w, r, next, lr, fields)
+	}
+	d.count(disaggSplit)
+	fields["kv_transfer_params"] = params
+	if err := d.hold(r, lr, fields); err != nil {
+		return caddyhttp.Error(http.StatusInternalServerError, err)
+	}
+	lr.leg = legDecode
+	return next.ServeHTTP(w, r)
+}
+
+// aggregated sends the request to the decode pool whole, without the P/D fields a client sent
+// (fields nil: the body is forwarded as it came).
+func (d *Disaggregate) aggregated(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, lr *llmRequest, fields map[string]json.RawMessage) error {
+	if hasPDFields(fields) {
+		for _, k := range pdFields {
+			delete(fields, k)
+		}
+		if err := d.hold(r, lr, fields); err != nil {
+			return caddyhttp.Error(http.StatusInternalServerError, err)
+		}
+	}
+	return next.ServeHTTP(w, r)
+}
+
+func hasPDFields(fields map[string]json.RawMessage) bool {
+	for _, k := range pdFields {
+		if _, ok := fields[k]; ok {
+			return true
+		}
+	}
+	return false
+}
+
+// hold makes the decode body (the client's fields with the injected ones) the request's held
+// body: every attempt of the decode pool resends it.
+func (d *Disaggregate) hold(r *http.Request, lr *llmRequest, fields map[string]json.RawMessage) error {
+	for _, k := range pdFields {
+		if k != "kv_transfer_params" {
+			delete(fields, k)
+		}
+	}
+	body, err := json.Marshal(fields)
+	if err != nil {
+		return fmt.Errorf("llm_disaggregate: encoding the decode body: %w", err)
+	}
+	lr.body = llmreq.Hold(r, body)
+	lr.maxBody = max(lr.maxBody, int64(len(body)))
+	r.Header.Set("Content-Length", strconv.Itoa(len(body)))
+	r.Header.Del("Transfer-Encoding")
+	return nil
+}
+
+// heldFields returns the top-level fields of a body held whole, unencoded, a JSON object; nil
+// for any other: such a body cannot be split, nor rewritten.
+func heldFields(r *http.Request, lr *llmRequest) map[string]json.RawMessage {
+	if lr.body == nil || !lr.body.Whole() || lr.err != nil {
+		return nil
+	}
+	if ce := r.Header.Get("Content-Encoding"); ce != "" && !strings.EqualFold(ce, "identity") {
+		return nil
+	}
+	raw, _ := lr.body.Prefix(lr.maxBody + 1)
+	var fields map[string]json.RawMessage
+	if err := json.Unmarshal(raw, &fields); err != nil {
+		return nil
+	}
+	return fields
+}
+
+// skip reports, under split auto, whether the request goes to the decode pool alone: its
+// uncached tokens on the decode side are below min_uncached, or every prefill upstream is
+// down, unavailable or at its max_concurrency.
+func (d *Disaggregate) skip(r *http.Request, lr *llmRequest) (int, bool) {
+	if d.Split != "auto" || d.policy == nil {
+		return 0, false
+	}
+	st := d.policy.state
+	if d.saturated(st) {
+		return disaggFallback, true
+	}
+	text := lr.Text
+	if text == "" {
+		text = lr.routingText(r)
+	}
+	runes := int64(lr.Runes)
+	held := int64(0)
+	if text != "" {
+		if t := st.forest.Get(lr.Model); t != nil {
+			m := matchPool.Get().(*tree.Match)
+			m.Runes, m.Tenants = 0, m.Tenants[:0]
+			t.Match(text, m)
+			for _, tm := range m.Tenants {
+				if tm.Runes >= minMatchRunes && !d.inPool[tm.Tenant] {
+					held = int64(tm.Runes)
+					break // longest first
+				}
+			}
+			matchPool.Put(m)
+		}
+	}
+	uncached := st.tokensOf(lr.Model, max(0, runes-held))
+	if uncached < d.minUncached() {
+		return disaggShort, true
+	}
+	return 0, false
+}
+
+// saturated reports whether no prefill upstream can take a request now.
+func (d *Disaggregate) saturated(st *state) bool {
+	now := time.Now().UnixNano()
+	for _, up := range d.prefill.Upstreams {
+		if up == nil || !up.Available() {
+			continue
+		}
+		u := st.upstream(up.Dial)
+		if u.health.down.Load() || saturatedAt(d.policy.profiles[up.Dial], st.load(u, now)) {
+			continue
+		}
+		return false
+	}
+	return true
+}
+
+// prefillLeg runs the prefill leg through the prefill pool's reverse_proxy, as a request of its
+// own (its own vars, replacer, attempts and outcome) in the client's context, so that a client
+// that goes away cancels it. It returns the transfer parameters the engine answered.
+func (d *Disaggregate) prefillLeg(r *http.Request, lr *llmRequest, client map[string]json.RawMessage) (json.RawMessage, error) {
+	fields := maps.Clone(client)
+	for _, k := range append([]string{"stream", "stream_options", "min_tokens", "max_tokens", "max_completion_tokens"}, pdFields...) {
+		delete(fields, k)
+	}
+	fields["kv_transfer_params"] = json.RawMessage(`{"do_remote_decode":true,"do_remote_prefill":false,"remote_engine_id":null,"remote_block_ids":null,"remote_host":null,"remote_port":null}`)
+	fields["stream"] = json.RawMessage("false")
+	fields["max_tokens"] = json.RawMessage("1")
+	if _, ok := client["max_completion_tokens"]; ok && lr.Format == llmreq.Chat {
+		fields["max_completion_tokens"] = json.RawMessage("1")
+	}
+	body, err := json.Marshal(fields)
+	if err != nil {
+		return nil, err
+	}
+
+	// The leg's own vars: the attempts of the prefill pool are not the request's.
+	vars := make(map[string]any)
+	if orig, ok := r.Context().Value(caddyhttp.VarsCtxKey).(map[string]any); ok {
+		for k, v := range orig {
+			if k != varRequest && k != varFeedback {
+				vars[k] = v
+			}
+		}
+	}
+	repl := caddy.NewReplacer()
+	if orig, ok := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer); ok {
+		repl.Map(orig.Get)
+	}
+	ctx, cancel := context.WithCancel(r.Context())
+	defer cancel() // ends the leg's attempt: its outcome is judged, its engine's count released
+	ctx = context.WithValue(ctx, caddyhttp.VarsCtxKey, vars)
+	ctx = context.WithValue(ctx, caddy.ReplacerCtxKey, repl)
+	leg := r.Clone(ctx)
+	leg.Header.Del("Accept-Encoding")
+	leg.Header.Del("Expect")
+	leg.Header.Set("Content-Length", strconv.Itoa(len(body)))
+	leg.Header.Del("Transfer-Encoding")
+	leg.Body = http.NoBody
+	plr := &llmRequest{Request: lr.Request, maxBody: int64(len(body))}
+	plr.Text = lr.Text
+	if plr.Text == "" {
+		plr.Text = lr.routingText(r)
+	}
+	plr.body = llmreq.Hold(leg, body)
+	plr.leg = legPrefill
+	vars[varRequest] = plr
+
+	rec := &legRecorder{header: make(http.Header)}
+	var out http.ResponseWriter = rec
+	var fw *feedbackWriter
+	if _, ok := caddyhttp.GetVar(r.Context(), varFeedback).(*feedbackWriter); ok {
+		fw = &feedbackWriter{ResponseWriterWrapper: caddyhttp.ResponseWriterWrapper{ResponseWriter: rec}, r: leg}
+		vars[varFeedback] = fw
+		out = fw
+	}
+	start := time.Now()
+	err = d.prefill.ServeHTTP(out, leg, caddyhttp.HandlerFunc(func(http.ResponseWriter, *http.Request) error { return nil }))
+	if fw != nil {
+		fw.finish()
+	}
+	if err != nil {
+		repl.Set("http.error", err)
+		return nil, err
+	}
+	disaggMetrics.prefillSeconds.Observe(time.Since(start).Seconds())
+	switch {
+	case rec.over:
+		return nil, errors.New("prefill answer over 1 MiB")
+	case rec.status < 200 || rec.status > 299:
+		return nil, fmt.Errorf("prefill answer status %d", rec.status)
+	}
+	var ans struct {
+		KV json.RawMessage `json:"kv_transfer_params"`
+	}
+	if err := json.Unmarshal(rec.buf.Bytes(), &ans); err != nil {
+		return nil, fmt.Errorf("prefill answer: %w", err)
+	}
+	if len(ans.KV) == 0 || ans.KV[0] != '{' {
+		return nil, errors.New("prefill answer without kv_transfer_params")
+	}
+	return ans.KV, nil
+}
+
+// legRecorder keeps the prefill leg's answer, up to maxPrefillAnswer bytes.
+type legRecorder struct {
+	header http.Header
+	status int
+	buf    bytes.Buffer
+	over   bool
+}
+
+var errPrefillAnswerTooLarge = errors.New("llm_disaggregate: prefill answer over its bound")
+
+func (w *legRecorder) Header() http.Header { return w.header }
+
+func (w *legRecorder) WriteHeader(code int) {
+	if w.status == 0 && code >= 200 {
+		w.status = code
+	}
+}
+
+func (w *legRecorder) Write(p []byte) (int, error) {
+	if w.status == 0 {
+		w.status = http.StatusOK
+	}
+	if w.buf.Len()+len(p) > maxPrefillAnswer {
+		w.over = true
+		return 0, errPrefillAnswerTooLarge
+	}
+	return w.buf.Write(p)
+}
+
+// Flush does nothing: the answer is kept whole.
+func (w *legRecorder) Flush() {}
+
+func (d *Disaggregate) count(path int) {
+	disaggMetrics.paths[path].Inc()
+	disaggCounts[path].Add(1)
+}
+
+// Interface guards.
+var (
+	_ caddy.Provisioner           = (*Disaggregate)(nil)
+	_ caddy.Validator             = (*Disaggregate)(nil)
+	_ caddyhttp.MiddlewareHandler = (*Disaggregate)(nil)
+	_ caddyfile.Unmarshaler       = (*Disaggregate)(nil)
+)
+
+// disaggCounts counts the paths for GET /kvroute/.
+var disaggCounts [numDisaggPaths]atomic.Uint64
+
+var disaggMetrics = func() (m struct {
+	vec            *prometheus.CounterVec
+	paths          [numDisaggPaths]prometheus.Counter
+	prefillSeconds prometheus.Histogram
+}) {
+	m.vec = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: ns, Subsystem: sub, Name: "disaggregate_total",
+		Help: "Requests llm_disaggregate handled, by path: split, aggregated_short, aggregated_fallback, prefill_failed.",
+	}, []string{"path"})
+	for i, name := range disaggPathNames {
+		m.paths[i] = m.vec.WithLabelValues(name)
+	}
+	m.prefillSeconds = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Namespace: ns, Subsystem: sub, Name: "prefill_leg_seconds",
+		Help:    "Duration of llm_disaggregate's prefill legs that got an answer.",
+		Buckets: prometheus.ExponentialBuckets(0.005, 2, 14),
+	})
+	return m
+}()
+
+func registerDisaggMetrics(ctx caddy.Context) {
+	reg := ctx.GetMetricsRegistry()
+	if reg == nil {
+		return
+	}
+	for _, c := range []prometheus.Collector{disaggMetrics.vec, disaggMetrics.prefillSeconds} {
+		_ = reg.Register(c) // already registered by an earlier config: it keeps counting
+	}
+}
+
+// disaggStatus is what GET /kvroute/ shows of llm_disaggregate: its requests by path.
+func disaggStatus() map[string]uint64 {
+	var out map[string]uint64
+	for i := range disaggCounts {
+		if n := disaggCounts[i].Load(); n > 0 {
+			if out == nil {
+				out = make(map[string]uint64, numDisaggPaths)
+			}
+			out[disaggPathNames[i]] = n
+		}
+	}
+	return out
+}
