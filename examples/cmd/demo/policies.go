@@ -44,14 +44,21 @@ func (p policy) label() string {
 func allPolicies(kvOptions []string) []policy {
 	return []policy{
 		{Name: "kv_cache_aware", Module: "kv_cache_aware", Block: kvOptions},
-		{Name: "kv_cost", Module: "kv_cache_aware", Block: append(slices.Clone(kvOptions), "decision cost"), Suffix: " (decision cost)", Variant: true},
-		{Name: "kv_thresholds", Module: "kv_cache_aware", Block: append(slices.Clone(kvOptions), "decision thresholds"), Suffix: " (decision thresholds)", Variant: true},
 		{Name: "sglang_cache_aware", Module: "sglang_cache_aware", Peer: true},
 		{Name: "prefix_hash", Module: "prefix_hash", Peer: true},
 		{Name: "round_robin", Module: "round_robin"},
 		{Name: "least_conn", Module: "least_conn"},
 		{Name: "random", Module: "random"},
 		{Name: "header", Module: "header", Args: []string{"X-Session-ID"}},
+	}
+}
+
+// variantPolicies returns kv_cache_aware with one option set, run only when -policies names
+// them.
+func variantPolicies(kvOptions []string) []policy {
+	return []policy{
+		{Name: "kv_cost", Module: "kv_cache_aware", Block: append(slices.Clone(kvOptions), "decision cost"), Suffix: " (decision cost)", Variant: true},
+		{Name: "kv_thresholds", Module: "kv_cache_aware", Block: append(slices.Clone(kvOptions), "decision thresholds"), Suffix: " (decision thresholds)", Variant: true},
 	}
 }
 
@@ -70,9 +77,6 @@ func selectPolicies(cfg *config, bin *caddyBinary) ([]policy, []string, error) {
 	if cfg.policies == "" {
 		var out, missing []policy
 		for _, p := range all {
-			if p.Variant {
-				continue
-			}
 			if bin.has(policyModulePrefix + p.Module) {
 				out = append(out, p)
 			} else {
@@ -89,6 +93,7 @@ func selectPolicies(cfg *config, bin *caddyBinary) ([]policy, []string, error) {
 		return out, notes, nil
 	}
 	var out []policy
+	all = append(all, variantPolicies(cfg.kvOptions)...)
 	for _, name := range strings.Split(cfg.policies, ",") {
 		name = strings.TrimSpace(name)
 		if name == "" {
