@@ -1,7 +1,7 @@
 package kvroute
 
-// Dynamic upstreams end to end: Caddy's `dynamic a` and `dynamic srv` upstream sources ask a
-// DNS server on loopback (the test's) for the engines, whose answers change mid-run. A new
+// Dynamic upstreams end to end: Caddy's `dynamic a`, `dynamic srv` and `dynamic multi` upstream
+// sources ask a DNS server on loopback (the test's) for the engines, whose answers change mid-run. A new
 // engine gets a reader and cold traffic at once; one that left gets no more requests, and
 // after the grace period (the dynamic TTL) its reader, its share of the trees and its sessions
 // are gone; names that churn leave nothing behind. Engines listen on 127.0.0.x (Linux routes
@@ -160,7 +160,7 @@ func anyOf(s *state, addr string) (what string, ok bool) {
 }
 
 func TestDynamicUpstreamsGrowAndShrink(t *testing.T) {
-	for _, kind := range []string{"a", "srv"} {
+	for _, kind := range []string{"a", "srv", "multi"} {
 		t.Run(kind, func(t *testing.T) {
 			leakCheck(t)
 			shortDynamicTTL(t, 2*time.Second) // the grace period
@@ -173,7 +173,7 @@ func TestDynamicUpstreamsGrowAndShrink(t *testing.T) {
 			// the target's name and port, which the transport (and the readers) resolve
 			// with the proxy's resolvers, as on Kubernetes with a headless Service.
 			dial := func(e *engine) string {
-				if kind == "a" {
+				if kind != "srv" {
 					return e.addr()
 				}
 				return fmt.Sprintf("%s.%s.:%d", e.name, name, port) // Caddy keeps the SRV target's final dot
@@ -194,15 +194,20 @@ func TestDynamicUpstreamsGrowAndShrink(t *testing.T) {
 					ips = append(ips, ip)
 					targets = append(targets, fmt.Sprintf("%s.%s:%d", e.name, name, port))
 				}
-				if kind == "a" {
+				if kind != "srv" {
 					d.setA(name, ips...)
 				} else {
 					d.setSRV("_llm._tcp."+name, targets...)
 				}
 			}
-			if kind == "a" {
+			switch kind {
+			case "a":
 				source = fmt.Sprintf("dynamic a %s %d {\n\t\t\tresolvers %s\n\t\t\trefresh 50ms\n\t\t\tversions ipv4\n\t\t}", name, port, d.addr)
-			} else {
+			case "multi":
+				// dynamic multi with one A source: the upstreams reach the policy through
+				// Caddy's MultiUpstreams, the same addresses as from dynamic a.
+				source = fmt.Sprintf("dynamic multi {\n\t\t\ta %s %d {\n\t\t\t\tresolvers %s\n\t\t\t\trefresh 50ms\n\t\t\t\tversions ipv4\n\t\t\t}\n\t\t}", name, port, d.addr)
+			default:
 				source = fmt.Sprintf("dynamic srv _llm._tcp.%s {\n\t\t\tresolvers %s\n\t\t\trefresh 50ms\n\t\t}\n\t\ttransport http {\n\t\t\tresolvers %s\n\t\t}", name, d.addr, d.addr)
 			}
 			set(e2, e3)
