@@ -557,3 +557,42 @@ func TestDisaggregateBodyNotHeldNotSplit(t *testing.T) {
 		t.Errorf("aggregated_fallback counted %d, want 1", n)
 	}
 }
+
+// A decode leg runs no prefill on its engine (its prompt arrives as KV blocks from the prefill
+// engine): while it is in flight, the decode engine's queued prefill, which decision cost
+// ranks by, stays 0, and the prefill engine's is back at 0 once its leg answered.
+func TestDisaggregateDecodeLegQueuesNoPrefill(t *testing.T) {
+	fl := new(pdFleet)
+	p := newPDEngine(t, fl, "p1", true)
+	dec := newPDEngine(t, fl, "d1", false)
+	dec.hold = true
+	startCaddy(t, pdConfig(p.addr(), dec.addr(), "split always", ""))
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, baseURL+"/v1/chat/completions", strings.NewReader(longChat(true, "")))
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if resp, err := http.DefaultClient.Do(req); err == nil {
+			resp.Body.Close()
+		}
+	}()
+	select {
+	case <-dec.arrived:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the decode leg never arrived")
+	}
+	s := currentState()
+	d := s.upstream(dec.addr())
+	if n := d.inFlight.Load(); n != 1 {
+		t.Fatalf("decode engine: %d requests in flight, want the decode leg", n)
+	}
+	if n := d.prefillTokens.Load(); n != 0 {
+		t.Errorf("decode engine: %d prefill tokens queued for a decode leg, want 0", n)
+	}
+	if n := s.upstream(p.addr()).prefillTokens.Load(); n != 0 {
+		t.Errorf("prefill engine: %d prefill tokens still queued after its leg answered, want 0", n)
+	}
+	cancel()
+	<-done
+}

@@ -133,7 +133,13 @@ func (p *KVCacheAware) Select(pool reverseproxy.UpstreamPool, r *http.Request, w
 	if !cost {
 		p.predictOne(cands[chosen:chosen+1], req, estimate)
 	}
-	req.track(r, c.st, estimate, c.cost.uncached, int64(c.cost.ttft*1e9))
+	uncached := c.cost.uncached
+	if req.leg == legDecode {
+		// Its prompt arrives as KV blocks from the prefill engine (llm_disaggregate): it
+		// queues no prefill there.
+		uncached = 0
+	}
+	req.track(r, c.st, estimate, uncached, int64(c.cost.ttft*1e9))
 	if cost {
 		p.state.recent.record(req.Model, cands, chosen, path)
 	}
