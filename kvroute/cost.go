@@ -61,9 +61,16 @@ func (p *KVCacheAware) predict(cands []candidate, in costInputs) {
 		c.cost.uncached = uncachedTokens(c, in)
 		c.cost.queued = p.queuedTokens(c, in.now)
 		c.cost.speed = p.prefillSpeed(c)
-		c.cost.ttft = float64(c.cost.queued+c.cost.uncached) / c.cost.speed
+		c.cost.ttft = float64(c.cost.queued+c.cost.uncached)/c.cost.speed + adapterCost(c)*DefaultAdapterLoadSeconds
 	}
 }
+
+// DefaultAdapterLoadSeconds is what one LoRA adapter load adds to a request's time to first
+// token where the adapter is not warm (adapterCost: 1 with a free slot, 2 when it evicts
+// another adapter): vLLM loads an adapter from CPU memory or disk before the batch can run
+// it, tens to hundreds of milliseconds for a rank-16 adapter of a 7-8B model. A default, not
+// learned yet: it only has to outweigh the noise between otherwise equal candidates.
+const DefaultAdapterLoadSeconds = 0.25
 
 // uncachedTokens is the match signal: the prompt's tokens the candidate does not hold.
 func uncachedTokens(c *candidate, in costInputs) int64 {

@@ -325,3 +325,32 @@ func TestAdapterWarmUnderImbalance(t *testing.T) {
 		t.Errorf("%d imbalance decisions on e2, want 10 (the test must exercise the imbalance step)", n)
 	}
 }
+
+// Under decision cost an adapter load is a cost: with equal queues, cold requests for an
+// adapter warm on one engine go there (the other engines would load it, or evict another
+// adapter to load it), and one warm nowhere goes where a slot is free.
+func TestAdapterWarmUnderDecisionCost(t *testing.T) {
+	leakCheck(t)
+	fastModels(t)
+	list := modelList("base", "ada:base", "bob:base")
+	engines := []*engine{newEngine(t, "e1", 1000), newEngine(t, "e2", 1000), newEngine(t, "e3", 1000)}
+	now := time.Now().Unix()
+	for _, e := range engines {
+		e.setModels(list)
+		e.setExtra(loraLine(now, 1, "", ""))
+	}
+	e2 := engines[1]
+	e2.setExtra(loraLine(now, 1, "bob", ""))
+	startCaddy(t, telemetryConfig(engines, "", "", "decision cost"))
+	client := newClient(t, 10*time.Second)
+	waitUntil(t, 10*time.Second, func() bool {
+		ls := loraStatusOf(t, e2)
+		return modelsRead(t, e2, "bob")() && ls != nil && len(ls.Warm) == 1 && ls.Warm[0] == "bob"
+	}, "bob warm on e2")
+	if got := servedBy(t, client, "bob", 20, 0); got["e2"] != 20 {
+		t.Errorf("decision cost: bob went to %v, want all 20 on e2, where it is warm", got)
+	}
+	if got := servedBy(t, client, "ada", 10, 200); got["e2"] != 0 || len(got) != 1 {
+		t.Errorf("decision cost: ada went to %v, want one engine with a free slot", got)
+	}
+}
