@@ -140,6 +140,10 @@ func TestSelectPolicies(t *testing.T) {
 	if got, _, err = selectPolicies(cfg, bin); err != nil || len(got) != 2 || got[0].Name != "round_robin" {
 		t.Errorf("-policies %q = %v, %v", cfg.policies, got, err)
 	}
+	// kv_cache_aware by name is the policy itself, not a variant that shares its label.
+	if len(got) == 2 && (got[1].Name != "kv_cache_aware" || got[1].Variant) {
+		t.Errorf("-policies %q: kv_cache_aware ran as %s%s", cfg.policies, got[1].Name, got[1].Suffix)
+	}
 	for _, bad := range []string{"prefix_hash", "nope"} {
 		cfg.policies = bad
 		if _, _, err := selectPolicies(cfg, bin); err == nil {
