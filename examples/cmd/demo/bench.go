@@ -152,6 +152,22 @@ func (b *bench) runOnce(ctx context.Context, p policy) (*replay.Result, error) {
 			}
 		}
 	}
+	if err == nil && admin > 0 && b.cfg.compareFeedback && p.Module == "kv_cache_aware" {
+		if h, herr := predictedHit(ctx, admin); herr == nil {
+			extra.predictedHit = h
+			fmt.Printf("trees' predicted hit ratio %.3f, the answers' %.3f\n  ", h, res.HitRatio)
+		} else {
+			fmt.Fprintln(os.Stderr, "warning: reading the trees' predicted hit ratio:", herr)
+		}
+	}
+	if err == nil && admin > 0 && p.Feedback {
+		if st, serr := readStatus(ctx, admin); serr == nil {
+			extra.feedback = st.feedbackTotals()
+			fmt.Printf("%s\n  ", extra.feedback)
+		} else {
+			fmt.Fprintln(os.Stderr, "warning: reading llm_feedback's figures:", serr)
+		}
+	}
 	if res != nil && b.extras != nil {
 		b.extras[res] = extra
 	}
@@ -193,7 +209,7 @@ func (b *bench) startCaddyPorts(ctx context.Context, p policy, ports []int) (*ca
 }
 
 // compare runs every policy -repeats times and returns their results, in table order. With
-// -compare-telemetry or -interleave the repeats alternate the policies (each repeat runs every
+// -compare-telemetry, -compare-feedback or -interleave the repeats alternate the policies (each repeat runs every
 // policy once, in ABBA order), so that a drift in the machine's load falls on both sides of each
 // same-run ratio.
 func (b *bench) compare(ctx context.Context, policies []policy) ([]*policyResult, error) {
@@ -219,7 +235,7 @@ func (b *bench) compare(ctx context.Context, policies []policy) ([]*policyResult
 		return nil
 	}
 	var err error
-	if b.cfg.compareTelemetry || b.cfg.interleave {
+	if b.cfg.compareTelemetry || b.cfg.compareFeedback || b.cfg.interleave {
 		// Every other repeat runs the policies in reverse order (ABBA), so that whatever a
 		// run leaves behind for the next (the previous Caddy's exit, a warmer machine) falls
 		// on each side as often.

@@ -86,6 +86,9 @@ func (s site) caddyfile() string {
 		b.WriteString("\t@llm llm_prompt\n")
 		matcher = "@llm "
 	}
+	if s.Policy.Feedback && !s.NoMatcher {
+		b.WriteString("\tllm_feedback @llm\n")
+	}
 	fmt.Fprintf(&b, "\treverse_proxy %s%s {\n", matcher, ups)
 	fmt.Fprintf(&b, "\t\tlb_policy %s", s.Policy.label())
 	if len(s.Policy.Block) > 0 {

@@ -57,12 +57,16 @@ func TestCaddyfileAdapts(t *testing.T) {
 		t.Fatal(err)
 	}
 	tried := 0
-	for _, p := range allPolicies([]string{"cache_threshold 0.3", "balance_abs_threshold 8", "on_imbalance prefix_in_band"}) {
+	policies := allPolicies([]string{"cache_threshold 0.3", "balance_abs_threshold 8", "on_imbalance prefix_in_band"})
+	if bin.has(moduleFeedback) { // -compare-feedback's twin
+		policies = withFeedback(policies)
+	}
+	for _, p := range policies {
 		if !bin.has(policyModulePrefix + p.Module) {
 			continue
 		}
 		tried++
-		t.Run(p.Name, func(t *testing.T) {
+		t.Run(p.Name+strings.ReplaceAll(p.Suffix, " ", "_"), func(t *testing.T) {
 			ups := []string{"127.0.0.1:8001", "127.0.0.1:8002"}
 			wants := []string{`"policy":"` + p.Module + `"`, `"llm_prompt"`, `"X-Kvsim-Worker"`}
 			if p.Module == "kv_cache_aware" { // as the demo runs it, with -kv-capacity
@@ -81,6 +85,11 @@ func TestCaddyfileAdapts(t *testing.T) {
 				if !bytes.Contains(out, []byte(want)) {
 					t.Errorf("adapted JSON lacks %s: %s", want, out)
 				}
+			}
+			// llm_feedback wraps the writer only when it runs ahead of the proxy.
+			fb, rp := bytes.Index(out, []byte(`"handler":"llm_feedback"`)), bytes.Index(out, []byte(`"handler":"reverse_proxy"`))
+			if p.Feedback != (fb >= 0) || (fb >= 0 && fb > rp) {
+				t.Errorf("llm_feedback at %d, reverse_proxy at %d (want feedback %v, ahead): %s", fb, rp, p.Feedback, out)
 			}
 		})
 	}
@@ -139,6 +148,10 @@ func TestSelectPolicies(t *testing.T) {
 	cfg.policies = "round_robin, kv_cache_aware"
 	if got, _, err = selectPolicies(cfg, bin); err != nil || len(got) != 2 || got[0].Name != "round_robin" {
 		t.Errorf("-policies %q = %v, %v", cfg.policies, got, err)
+	}
+	// kv_cache_aware by name is the policy itself, not a variant that shares its label.
+	if len(got) == 2 && (got[1].Name != "kv_cache_aware" || got[1].Variant) {
+		t.Errorf("-policies %q: kv_cache_aware ran as %s%s", cfg.policies, got[1].Name, got[1].Suffix)
 	}
 	for _, bad := range []string{"prefix_hash", "nope"} {
 		cfg.policies = bad

@@ -67,6 +67,7 @@ type config struct {
 	slowFactor       float64       // -slow-factor
 	restartAt        time.Duration // -restart-at: 0 off
 	compareTelemetry bool          // -compare-telemetry
+	compareFeedback  bool          // -compare-feedback
 	interleave       bool          // -interleave
 
 	replicas   int    // -replicas: 0 off
@@ -119,6 +120,7 @@ func parseFlags(args []string) (*config, error) {
 	fs.DurationVar(&cfg.restartAt, "restart-at", 0, "restart w0 with an empty cache this long after each replay starts (sim: cache, counters and start time reset; llmd: the process killed and started again on its port); prints the restarts kv_cache_aware counted, w0's share of its trees before and after, hit ratio and p99 TTFT in the minute after (0: not)")
 	fs.BoolVar(&cfg.interleave, "interleave", false, "with -repeats, run every policy once per repeat (a, b, c, a, b, c, ...) instead of all of a's repeats first: a drift in the machine's load then falls on every policy alike")
 	fs.BoolVar(&cfg.compareTelemetry, "compare-telemetry", false, "also run kv_cache_aware with `telemetry off`, alternating with the telemetry run at each repeat, and print the same-run ratios on/off (median, min-max)")
+	fs.BoolVar(&cfg.compareFeedback, "compare-feedback", false, "also run kv_cache_aware with `llm_feedback @llm` in the site, alternating with the run without it at each repeat; prints after each run with it the cached tokens its tree predicted against those the answers reported, and the same-run ratios with/without (median, min-max)")
 	fs.BoolVar(&cfg.walkthrough, "walkthrough", true, "show kv_cache_aware routing a conversation and unrelated prompts before the comparison")
 
 	fs.BoolVar(&cfg.overhead, "overhead", false, "also measure requests/s through Caddy with kv_cache_aware + llm_prompt vs round_robin on a trivial upstream (with -policies none: only that)")
@@ -176,6 +178,14 @@ func (c *config) finish() error {
 	}
 	if c.compareTelemetry && !c.telemetry {
 		return errors.New("-compare-telemetry runs kv_cache_aware with and without telemetry: leave -telemetry on")
+	}
+	if c.compareFeedback && c.compareTelemetry {
+		// Each pairs kv_cache_aware with one twin; both would make four variants whose
+		// same-run ratios no longer name one difference.
+		return errors.New("-compare-feedback and -compare-telemetry: one comparison at a time")
+	}
+	if c.compareFeedback && c.replicas > 0 {
+		return errors.New("-compare-feedback runs one Caddy: leave -replicas off")
 	}
 	if c.replicas < 0 {
 		return errors.New("-replicas must be 0 (off) or more")

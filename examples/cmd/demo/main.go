@@ -65,6 +65,12 @@ func run(ctx context.Context, cfg *config) error {
 	if cfg.compareTelemetry {
 		policies = withTelemetryOff(policies)
 	}
+	if cfg.compareFeedback {
+		if !bin.has(moduleFeedback) {
+			return fmt.Errorf("-compare-feedback: %s has no %s module (./xcaddy.sh build)", cfg.caddy, moduleFeedback)
+		}
+		policies = withFeedback(policies)
+	}
 	for _, n := range notes {
 		fmt.Println("note:", n)
 	}
@@ -116,6 +122,7 @@ func run(ctx context.Context, cfg *config) error {
 			printComparison(os.Stdout, results, fl.Addrs(), cfg)
 			printLearned(os.Stdout, results, b.extras, cfg, b.fleetCharsPerToken())
 			pairedRatios(os.Stdout, results, b.extras)
+			feedbackRatios(os.Stdout, results, b.extras)
 		}
 	}
 	if cfg.overhead {

@@ -11,6 +11,7 @@ const (
 	policyModulePrefix = "http.reverse_proxy.selection_policies."
 	moduleKV           = policyModulePrefix + "kv_cache_aware"
 	moduleMatcher      = "http.matchers.llm_prompt"
+	moduleFeedback     = "http.handlers.llm_feedback"
 )
 
 // policy is one contender: an lb_policy line (and block) of the generated Caddyfile.
@@ -30,6 +31,9 @@ type policy struct {
 	Suffix   string
 	// Variant: kv_cache_aware with one option set, run only when -policies names it.
 	Variant bool
+	// Feedback puts `llm_feedback @llm` in the site, ahead of the policy's reverse_proxy
+	// (-compare-feedback).
+	Feedback bool
 }
 
 // title is the policy as the tables show it: its label and the replicas variant.
@@ -99,11 +103,11 @@ func selectPolicies(cfg *config, bin *caddyBinary) ([]policy, []string, error) {
 		if name == "" {
 			continue
 		}
-		i := -1
-		for j, p := range all {
-			if p.Name == name || p.label() == name {
-				i = j
-			}
+		// A name wins over a label: the variants kv_cost and kv_thresholds share the label
+		// kv_cache_aware, and the last of them must not stand in for it.
+		i := slices.IndexFunc(all, func(p policy) bool { return p.Name == name })
+		if i < 0 {
+			i = slices.IndexFunc(all, func(p policy) bool { return p.label() == name })
 		}
 		if i < 0 {
 			names := make([]string, len(all))

@@ -77,7 +77,8 @@ type kvStatus struct {
 		Telemetry      *struct {
 			External int64 `json:"external_load"`
 		} `json:"telemetry"`
-		Learned struct {
+		Feedback *feedbackStatus `json:"feedback"`
+		Learned  struct {
 			Prefill  float64 `json:"prefill_tokens_per_second"`
 			Learned  bool    `json:"prefill_learned"`
 			Restarts uint64  `json:"restarts"`
@@ -272,6 +273,8 @@ type runExtras struct {
 	p99Before, p99After float64 // ms
 	charsPerToken       float64 // learned, 0: none
 	prefillRatios       []float64
+	feedback            *feedbackStatus // llm_feedback's figures summed over the upstreams (nil: none)
+	predictedHit        float64         // -compare-feedback: the trees' predicted hit ratio (0: not read)
 }
 
 // report describes the restart on the run's lines.
