@@ -2,18 +2,12 @@ package kvroute
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/http/httptest"
-	"os"
-	"os/exec"
-	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -463,48 +457,8 @@ func TestDisaggregateLLMSimFleet(t *testing.T) {
 // them): the prefill leg's shape is accepted, its answer's kv_transfer_params are found and
 // handed to the decode leg, which the simulator serves with its KV transfer latency.
 func TestDisaggregateLlmdSimulator(t *testing.T) {
-	bin := os.Getenv("KVROUTE_LLMD_BIN")
-	if bin == "" {
-		bin = filepath.Join("..", "examples", "llmdsim", "bin", "llm-d-inference-sim")
-		if _, err := os.Stat(bin); err != nil {
-			t.Skipf("no llm-d-inference-sim binary (%v)", err)
-		}
-	}
-	leakCheck(t)
-	sim := func() string {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		port := ln.Addr().(*net.TCPAddr).Port
-		ln.Close()
-		cmd := exec.Command(bin, "--port", strconv.Itoa(port), "--model", "llama-3.1-8b", "--force-dummy-tokenizer",
-			"--mode", "random", "--max-model-len", "32768", "--kv-cache-transfer-latency", "5ms")
-		cmd.Env = append(os.Environ(), "POD_IP=127.0.0.1")
-		var log bytes.Buffer
-		cmd.Stdout, cmd.Stderr = &log, &log
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() {
-			cmd.Process.Kill()
-			cmd.Wait()
-			if t.Failed() {
-				t.Logf("simulator's log:\n%s", log.String())
-			}
-		})
-		addr := "127.0.0.1:" + strconv.Itoa(port)
-		waitUntil(t, 20*time.Second, func() bool {
-			resp, err := http.Get("http://" + addr + "/health")
-			if err != nil {
-				return false
-			}
-			resp.Body.Close()
-			return resp.StatusCode == http.StatusOK
-		}, "the simulator's /health")
-		return addr
-	}
-	p, d := sim(), sim()
+	p := llmdSim(t, "--kv-cache-transfer-latency", "5ms")
+	d := llmdSim(t, "--kv-cache-transfer-latency", "5ms")
 	cfg := strings.ReplaceAll(pdConfig(p, d, "split always", ""), `"m"`, `"llama-3.1-8b"`)
 	startCaddy(t, cfg)
 	client := &http.Client{Timeout: 30 * time.Second}

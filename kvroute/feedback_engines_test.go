@@ -66,45 +66,7 @@ func TestFeedbackLLMSim(t *testing.T) {
 // answers usage without them. Skipped without the simulator binary, unless KVROUTE_LLMD_BIN
 // names it (.ci/run does).
 func TestFeedbackLlmdSimulator(t *testing.T) {
-	bin := os.Getenv("KVROUTE_LLMD_BIN")
-	if bin == "" {
-		bin = filepath.Join("..", "examples", "llmdsim", "bin", "llm-d-inference-sim")
-		if _, err := os.Stat(bin); err != nil {
-			t.Skipf("no llm-d-inference-sim binary (%v)", err)
-		}
-	}
-	leakCheck(t)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	port := ln.Addr().(*net.TCPAddr).Port
-	ln.Close()
-	cmd := exec.Command(bin, "--port", strconv.Itoa(port), "--model", "llama-3.1-8b", "--force-dummy-tokenizer",
-		"--enable-kvcache", "--zmq-endpoint", "", "--mode", "random", "--kv-cache-size", "4096",
-		"--block-size", "16", "--max-model-len", "32768")
-	cmd.Env = append(os.Environ(), "POD_IP=127.0.0.1")
-	var log bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &log, &log
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		cmd.Process.Kill()
-		cmd.Wait()
-		if t.Failed() {
-			t.Logf("simulator's log:\n%s", log.String())
-		}
-	})
-	addr := "127.0.0.1:" + strconv.Itoa(port)
-	waitUntil(t, 20*time.Second, func() bool {
-		resp, err := http.Get("http://" + addr + "/health")
-		if err != nil {
-			return false
-		}
-		resp.Body.Close()
-		return resp.StatusCode == http.StatusOK
-	}, "the simulator's /health")
+	addr := llmdSim(t, "--enable-kvcache", "--zmq-endpoint", "", "--kv-cache-size", "4096", "--block-size", "16")
 	startCaddy(t, feedbackConfig(addr, ""))
 	client := &http.Client{Timeout: 20 * time.Second}
 	sys := strings.Repeat("You are a helpful assistant. ", 60)
@@ -129,4 +91,51 @@ func TestFeedbackLlmdSimulator(t *testing.T) {
 	if fb.withCached.Load() != 2 {
 		t.Fatalf("the simulator's Responses usage has no cached tokens, yet %d answers counted them", fb.withCached.Load())
 	}
+}
+
+// llmdSim starts llm-d's vLLM simulator on a free loopback port with the model llama-3.1-8b,
+// its dummy tokenizer, random answers and args, waits for its /health and returns its address;
+// it skips the test without the binary (examples/llmdsim/bin, or KVROUTE_LLMD_BIN: .ci/run
+// sets it). The simulator's log is shown when the test fails.
+func llmdSim(t *testing.T, args ...string) string {
+	t.Helper()
+	bin := os.Getenv("KVROUTE_LLMD_BIN")
+	if bin == "" {
+		bin = filepath.Join("..", "examples", "llmdsim", "bin", "llm-d-inference-sim")
+		if _, err := os.Stat(bin); err != nil {
+			t.Skipf("no llm-d-inference-sim binary (%v)", err)
+		}
+	}
+	leakCheck(t)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := ln.Addr().(*net.TCPAddr).Port
+	ln.Close()
+	cmd := exec.Command(bin, append([]string{"--port", strconv.Itoa(port), "--model", "llama-3.1-8b",
+		"--force-dummy-tokenizer", "--mode", "random", "--max-model-len", "32768"}, args...)...)
+	cmd.Env = append(os.Environ(), "POD_IP=127.0.0.1")
+	var log bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &log, &log
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		cmd.Process.Kill()
+		cmd.Wait()
+		if t.Failed() {
+			t.Logf("simulator's log:\n%s", log.String())
+		}
+	})
+	addr := "127.0.0.1:" + strconv.Itoa(port)
+	waitUntil(t, 20*time.Second, func() bool {
+		resp, err := http.Get("http://" + addr + "/health")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK
+	}, "the simulator's /health")
+	return addr
 }
