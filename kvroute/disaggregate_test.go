@@ -327,14 +327,7 @@ func TestDisaggregateClientGoneCancelsPrefill(t *testing.T) {
 	startCaddy(t, pdConfig(p.addr(), dec.addr(), "split always", ""))
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, baseURL+"/v1/chat/completions", strings.NewReader(longChat(true, "")))
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		if resp, err := http.DefaultClient.Do(req); err == nil {
-			resp.Body.Close()
-		}
-	}()
+	done := postInBackground(ctx, longChat(true, ""))
 	select {
 	case <-p.arrived:
 	case <-time.After(10 * time.Second):
@@ -523,14 +516,7 @@ func TestDisaggregateDecodeLegQueuesNoPrefill(t *testing.T) {
 	startCaddy(t, pdConfig(p.addr(), dec.addr(), "split always", ""))
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, baseURL+"/v1/chat/completions", strings.NewReader(longChat(true, "")))
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		if resp, err := http.DefaultClient.Do(req); err == nil {
-			resp.Body.Close()
-		}
-	}()
+	done := postInBackground(ctx, longChat(true, ""))
 	select {
 	case <-dec.arrived:
 	case <-time.After(10 * time.Second):
@@ -549,4 +535,18 @@ func TestDisaggregateDecodeLegQueuesNoPrefill(t *testing.T) {
 	}
 	cancel()
 	<-done
+}
+
+// postInBackground posts body to the site's chat completions from a goroutine, with ctx (the
+// test ends the request by cancelling it); the channel closes when the request is over.
+func postInBackground(ctx context.Context, body string) <-chan struct{} {
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, baseURL+"/v1/chat/completions", strings.NewReader(body))
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if resp, err := http.DefaultClient.Do(req); err == nil {
+			resp.Body.Close()
+		}
+	}()
+	return done
 }
