@@ -182,44 +182,15 @@ func feedbackRatios(w io.Writer, results []*policyResult, extras map[*replay.Res
 			}
 		}
 		n := min(len(on.Runs), len(off.Runs))
-		type figure struct {
-			name string
-			get  func(*replay.Result) float64
-		}
-		figs := []figure{
-			{"hit ratio", func(r *replay.Result) float64 { return r.HitRatio }},
-			{"requests/s", func(r *replay.Result) float64 { return r.RequestsPerSecond }},
-			{"TTFT p50", func(r *replay.Result) float64 { return r.TTFTP50Ms }},
-			{"TTFT p99", func(r *replay.Result) float64 { return r.TTFTP99Ms }},
-			{"predicted/reported hit", func(r *replay.Result) float64 {
-				if extras[r].predictedHit <= 0 || r.HitRatio <= 0 {
-					return math.NaN()
-				}
-				return extras[r].predictedHit / r.HitRatio
-			}},
-		}
-		if e := extras[on.Runs[0]]; e != nil && e.restart != nil {
-			figs = append(figs,
-				figure{"hit ratio after the restart", func(r *replay.Result) float64 { return extras[r].hitAfter }},
-				figure{"TTFT p99 after the restart", func(r *replay.Result) float64 { return extras[r].p99After }})
-		}
+		// The trees' honesty goes after the four figures every comparison prints, before the
+		// restart's.
+		figs := slices.Insert(pairFigures(on, extras), 4, pairFigure{"predicted/reported hit", func(r *replay.Result) float64 {
+			if extras[r].predictedHit <= 0 || r.HitRatio <= 0 {
+				return math.NaN()
+			}
+			return extras[r].predictedHit / r.HitRatio
+		}})
 		fmt.Fprintf(w, "\nwith / without llm_feedback, same-run ratios over %d repeats (median, min-max):\n", n)
-		for _, f := range figs {
-			var ratios []float64
-			for k := range n {
-				if extras[on.Runs[k]] == nil || extras[off.Runs[k]] == nil {
-					continue
-				}
-				a, b := f.get(on.Runs[k]), f.get(off.Runs[k])
-				if b > 0 && !math.IsNaN(a) && !math.IsNaN(b) {
-					ratios = append(ratios, a/b)
-				}
-			}
-			if len(ratios) == 0 {
-				continue
-			}
-			m, lo, hi := medianSpan(ratios)
-			fmt.Fprintf(w, "  %-28s %.3f (%.3f-%.3f)\n", f.name, m, lo, hi)
-		}
+		printPairRatios(w, on.Runs[:n], off.Runs[:n], figs, extras, true)
 	}
 }

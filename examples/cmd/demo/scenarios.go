@@ -307,36 +307,54 @@ func pairedRatios(w io.Writer, results []*policyResult, extras map[*replay.Resul
 			continue
 		}
 		n := min(len(on.Runs), len(off.Runs))
-		type figure struct {
-			name string
-			get  func(*replay.Result) float64
-		}
-		figs := []figure{
-			{"hit ratio", func(r *replay.Result) float64 { return r.HitRatio }},
-			{"requests/s", func(r *replay.Result) float64 { return r.RequestsPerSecond }},
-			{"TTFT p50", func(r *replay.Result) float64 { return r.TTFTP50Ms }},
-			{"TTFT p99", func(r *replay.Result) float64 { return r.TTFTP99Ms }},
-		}
-		if e := extras[on.Runs[0]]; e != nil && e.restart != nil {
-			figs = append(figs,
-				figure{"hit ratio after the restart", func(r *replay.Result) float64 { return extras[r].hitAfter }},
-				figure{"TTFT p99 after the restart", func(r *replay.Result) float64 { return extras[r].p99After }})
-		}
 		fmt.Fprintf(w, "\ntelemetry on / off, same-run ratios over %d repeats (median, min-max):\n", n)
-		for _, f := range figs {
-			var ratios []float64
-			for k := range n {
-				a, b := f.get(on.Runs[k]), f.get(off.Runs[k])
-				if b > 0 && !math.IsNaN(a) {
-					ratios = append(ratios, a/b)
-				}
-			}
-			if len(ratios) == 0 {
+		printPairRatios(w, on.Runs[:n], off.Runs[:n], pairFigures(on, extras), extras, false)
+	}
+}
+
+// pairFigure is one figure of a run, compared between the two sides of a same-run pair.
+type pairFigure struct {
+	name string
+	get  func(*replay.Result) float64
+}
+
+// pairFigures are the figures every same-run comparison prints, with the restart's when the
+// runs had one (-restart-at).
+func pairFigures(on *policyResult, extras map[*replay.Result]*runExtras) []pairFigure {
+	figs := []pairFigure{
+		{"hit ratio", func(r *replay.Result) float64 { return r.HitRatio }},
+		{"requests/s", func(r *replay.Result) float64 { return r.RequestsPerSecond }},
+		{"TTFT p50", func(r *replay.Result) float64 { return r.TTFTP50Ms }},
+		{"TTFT p99", func(r *replay.Result) float64 { return r.TTFTP99Ms }},
+	}
+	if e := extras[on.Runs[0]]; e != nil && e.restart != nil {
+		figs = append(figs,
+			pairFigure{"hit ratio after the restart", func(r *replay.Result) float64 { return extras[r].hitAfter }},
+			pairFigure{"TTFT p99 after the restart", func(r *replay.Result) float64 { return extras[r].p99After }})
+	}
+	return figs
+}
+
+// printPairRatios prints each figure's same-run ratios on[k]/off[k] as their median (min-max),
+// leaving out a repeat whose figure is not a number or whose off side is not positive, and,
+// with needExtras, one where either run has no extras.
+func printPairRatios(w io.Writer, on, off []*replay.Result, figs []pairFigure, extras map[*replay.Result]*runExtras, needExtras bool) {
+	for _, f := range figs {
+		var ratios []float64
+		for k := range on {
+			if needExtras && (extras[on[k]] == nil || extras[off[k]] == nil) {
 				continue
 			}
-			m, lo, hi := medianSpan(ratios)
-			fmt.Fprintf(w, "  %-28s %.3f (%.3f-%.3f)\n", f.name, m, lo, hi)
+			a, b := f.get(on[k]), f.get(off[k])
+			if b > 0 && !math.IsNaN(a) {
+				ratios = append(ratios, a/b)
+			}
 		}
+		if len(ratios) == 0 {
+			continue
+		}
+		m, lo, hi := medianSpan(ratios)
+		fmt.Fprintf(w, "  %-28s %.3f (%.3f-%.3f)\n", f.name, m, lo, hi)
 	}
 }
 
