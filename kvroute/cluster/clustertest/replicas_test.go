@@ -400,6 +400,16 @@ func TestReplicasShareWhatTheyLearn(t *testing.T) {
 
 	// A peer with the wrong secret changes nothing: its decisions are rejected and counted.
 	eventually(t, 10*time.Second, "A hears B and C", func() bool { return a.livePeers() == 2 })
+	// C's last decisions may still be on their way to A: read A once they have all arrived
+	// (two readings 300 ms apart agree), or they count against D.
+	settled := a.status().Cluster.DecisionsReceived
+	eventually(t, 10*time.Second, "A's received decisions settle", func() bool {
+		time.Sleep(300 * time.Millisecond)
+		now := a.status().Cluster.DecisionsReceived
+		same := now == settled
+		settled = now
+		return same
+	})
 	aBefore := a.status()
 	d := startReplica(t, "D", 4, bs, ns.url(), "another-secret-of-32-bytes-000000")
 	for i := range 5 {
