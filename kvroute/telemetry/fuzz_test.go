@@ -62,7 +62,7 @@ func FuzzParse(f *testing.F) {
 		if err != nil {
 			return
 		}
-		if r.Engine == EngineUnknown || (r.Known == 0 && r.Counters.Known&^HasStartTime == 0) {
+		if r.Engine == EngineUnknown || (r.Known == 0 && r.Counters.Known&^HasStartTime == 0 && r.LoRA == nil) {
 			t.Fatalf("accepted without figures: %+v", r)
 		}
 		for _, f := range append([]Figures{r.Figures}, modelsFigures(r)...) {

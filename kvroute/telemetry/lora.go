@@ -64,7 +64,7 @@ func loraInfo(mf *dto.MetricFamily) (info *LoRAInfo, bad int) {
 			bad++
 			continue
 		}
-		if math.IsNaN(v) || math.IsInf(v, 0) || v < 0 || v > 1e11 {
+		if math.IsNaN(v) || math.IsInf(v, 0) || v < 0 || v > 1e11 || !loraLabelled(m) {
 			bad++
 			continue
 		}
@@ -90,6 +90,19 @@ func loraInfo(mf *dto.MetricFamily) (info *LoRAInfo, bad int) {
 	slices.Sort(info.Running)
 	slices.Sort(info.Waiting)
 	return info, bad
+}
+
+// loraLabelled reports whether a series carries any of the labels vLLM writes on
+// lora_requests_info (it writes all three, empty lists included): a series with none of them
+// says nothing of the engine's adapters and is not taken for a reading.
+func loraLabelled(m *dto.Metric) bool {
+	for _, lp := range m.GetLabel() {
+		switch lp.GetName() {
+		case "max_lora", "running_lora_adapters", "waiting_lora_adapters":
+			return true
+		}
+	}
+	return false
 }
 
 // addAdapters adds the adapters of a comma-separated label value to dst, without duplicates,

@@ -142,6 +142,8 @@ func TestLoRAInfoBadInput(t *testing.T) {
 			`vllm:lora_requests_info{max_lora="-1",running_lora_adapters=" b ,,b"} 3`),
 			&LoRAInfo{Running: []string{"b"}, Waiting: []string{}}},
 		{"all invalid", page(`vllm:lora_requests_info{running_lora_adapters="a"} -1`), nil},
+		{"no labels says nothing", page(`vllm:lora_requests_info{} 20`, `vllm:lora_requests_info{max_lora="1"} 5`),
+			&LoRAInfo{Running: []string{}, Waiting: []string{}, MaxLoRA: 1}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r, err := Parse(strings.NewReader(tc.page), 0)
@@ -156,6 +158,10 @@ func TestLoRAInfoBadInput(t *testing.T) {
 				t.Errorf("got %+v, want %+v", got, tc.want)
 			}
 		})
+	}
+	// A page with nothing but an unlabelled series is no reading (the fuzzer found it accepted).
+	if r, err := Parse(strings.NewReader("vllm:lora_requests_info{}0"), 0); err == nil {
+		t.Errorf("unlabelled lora_requests_info alone accepted: %+v", r)
 	}
 	// Many series, many adapters: bounded, and the load figures still read.
 	var b strings.Builder
