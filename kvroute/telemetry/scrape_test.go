@@ -20,9 +20,11 @@ import (
 // fast is a Scraper configuration for tests: scrapes every 10ms.
 var fast = Options{Interval: 10 * time.Millisecond, Timeout: 200 * time.Millisecond, MaxBackoff: 40 * time.Millisecond}
 
+// waitFor polls cond until it holds, for up to 10 s: a state is reached in milliseconds, but
+// under -race on a loaded machine a scrape can take seconds, and only a failing test waits.
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
+	deadline := time.Now().Add(10 * time.Second)
 	for !cond() {
 		if time.Now().After(deadline) {
 			t.Fatalf("timed out waiting for %s", what)
