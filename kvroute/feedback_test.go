@@ -274,7 +274,7 @@ func TestFeedbackPassThrough(t *testing.T) {
 				return after == [7]uint64{before[0] + uint64(w.usage), before[1] + uint64(w.cached), before[2] + uint64(w.lies),
 					before[3] + uint64(w.unreadable), before[4] + uint64(w.status), before[5] + uint64(w.ctype), before[6] + uint64(respIDs)}
 			}
-			deadline := time.Now().Add(5 * time.Second)
+			deadline := time.Now().Add(10 * time.Second)
 			for !cond() && time.Now().Before(deadline) {
 				time.Sleep(5 * time.Millisecond)
 			}

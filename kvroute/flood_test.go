@@ -15,6 +15,7 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -51,8 +52,9 @@ func randomText(rng *rand.Rand, n int) []byte {
 
 // At full speed, distinct session ids (one per request) and distinct random prompts (one
 // request in ten) keep the session store at max_sessions and the trees within 1.1 ×
-// max_tree_size at every moment, nothing crashes, and a normal decision (a known conversation,
-// a cached prefix, its session) made meanwhile has a p99 within 10 × its p99 on an idle router.
+// max_tree_size at every moment, nothing crashes, a flood decision's median is within 5 × a
+// normal decision's (a known conversation, a cached prefix, its session) on an idle router,
+// and a normal decision made meanwhile has a p90 within 10 × its p90 on an idle router.
 func TestFloodSessionsAndPrompts(t *testing.T) {
 	const maxSessions, maxTree = 10_000, 4 << 20
 	p := newPolicy(t, &KVCacheAware{MaxSessions: maxSessions, MaxTreeSize: maxTree})
@@ -101,13 +103,16 @@ func TestFloodSessionsAndPrompts(t *testing.T) {
 		}
 	}
 	workers := max(1, runtime.GOMAXPROCS(0)-1) // one P left for the normal decisions
+	flood := make([][]time.Duration, workers)  // each worker's decision times
 	var wg sync.WaitGroup
 	start := time.Now()
 	for w := 0; w < workers; w++ {
 		wg.Add(1)
-		go func(seed uint64) {
+		go func(w int) {
 			defer wg.Done()
-			rng := rand.New(rand.NewPCG(seed, 3))
+			rng := rand.New(rand.NewPCG(uint64(w), 3))
+			times := make([]time.Duration, 0, floodSessions/workers+1)
+			defer func() { flood[w] = times }()
 			for {
 				i := int(next.Add(1)) - 1
 				if i >= floodSessions {
@@ -121,7 +126,10 @@ func TestFloodSessionsAndPrompts(t *testing.T) {
 					prompts.Add(1)
 				}
 				r, cancel := benchRequest(body, fmt.Sprint("flood-", i))
-				if p.Select(pool, r, nil) == nil {
+				begin := time.Now()
+				up := p.Select(pool, r, nil)
+				times = append(times, time.Since(begin))
+				if up == nil {
 					t.Error("no upstream for a flood request")
 				}
 				cancel()
@@ -129,7 +137,7 @@ func TestFloodSessionsAndPrompts(t *testing.T) {
 					observe()
 				}
 			}
-		}(uint64(w))
+		}(w)
 	}
 	done := make(chan struct{})
 	go func() { wg.Wait(); close(done) }()
@@ -144,6 +152,7 @@ func TestFloodSessionsAndPrompts(t *testing.T) {
 		break
 	}
 	elapsed := time.Since(start)
+	floodTimes := slices.Concat(flood...)
 	observe()
 	heap1 := heapLive()
 
@@ -178,8 +187,15 @@ func TestFloodSessionsAndPrompts(t *testing.T) {
 	} else if r := float64(during90) / float64(idle90); r > 10 {
 		t.Errorf("p90 of a normal decision: %v idle, %v during the flood (×%.1f > 10)", idle90, during90, r)
 	}
-	if limit := 60 * time.Second; elapsed > limit {
-		t.Errorf("the flood took %v, more than %v", elapsed, limit)
+	// Full speed: a flood decision costs what a normal one does, however full the stores are.
+	// Medians of timed calls are compared, not the flood's elapsed time: the machine's load
+	// stretches the elapsed time (the flood once took 96 s under -race at load average 18, on
+	// a 60 s bound) and the tails, while a call of a fraction of a millisecond is rarely
+	// descheduled, so its median is its cost at any load (0.5 × the idle median, measured).
+	flood50, idle50 := percentile(floodTimes, 0.5), percentile(idle, 0.5)
+	t.Logf("flood decision p50/p90 %v/%v", flood50, percentile(floodTimes, 0.9))
+	if r := float64(flood50) / float64(idle50); r > 5 {
+		t.Errorf("median flood decision %v, median normal decision on the idle router %v (×%.1f > 5)", flood50, idle50, r)
 	}
 	// The normal conversations, in use throughout, were not flooded out of the LRU.
 	for i := range normal {

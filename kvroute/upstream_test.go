@@ -229,8 +229,13 @@ func startCaddy(t *testing.T, config string) *caddytest.Tester {
 	return tester
 }
 
+// waitUntil polls cond every 10 ms until it holds. d is how long that may take on an idle
+// machine; it waits at least 10 s (as waitFor does), since under -race on a loaded 2-core
+// machine a request or a background pass can take seconds, and only a failing test waits that
+// long. A bound that a test asserts is checked apart.
 func waitUntil(t testing.TB, d time.Duration, cond func() bool, what string) {
 	t.Helper()
+	d = max(d, 10*time.Second)
 	deadline := time.Now().Add(d)
 	for time.Now().Before(deadline) {
 		if cond() {

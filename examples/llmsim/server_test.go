@@ -154,51 +154,58 @@ func TestServerEvictsAtCapacity(t *testing.T) {
 func TestQueueWhenSlotsAreFull(t *testing.T) {
 	cfg := Config{Name: "q", Slots: 1, PrefillPerToken: -1, DecodePerToken: 50 * time.Millisecond}
 	s, ts := startServer(t, cfg)
-	body := map[string]any{"prompt": "hello", "max_tokens": 5} // 4 decode steps: 200ms
+	// The first request holds the slot for a second (20 decode steps), long enough for the
+	// second to arrive and be seen waiting on a loaded machine; the second takes 200 ms.
+	bodies := []map[string]any{{"prompt": "hello", "max_tokens": 21}, {"prompt": "hello", "max_tokens": 5}}
 	var wg sync.WaitGroup
 	durations := make([]time.Duration, 2)
 	start := time.Now()
-	for i := range 2 {
+	send := func(i int) {
 		wg.Go(func() {
-			if i == 1 {
-				time.Sleep(20 * time.Millisecond) // arrive second
-			}
-			decode[chatResponse](t, post(t, ts.URL+"/v1/completions", body))
+			decode[chatResponse](t, post(t, ts.URL+"/v1/completions", bodies[i]))
 			durations[i] = time.Since(start)
 		})
 	}
-	deadline := time.Now().Add(time.Second)
-	for {
-		if running, waiting := s.slots.counts(); running == 1 && waiting == 1 {
-			m := scrape(t, ts.URL)
-			if m["vllm:num_requests_waiting"] != 1 || m["vllm:num_requests_running"] != 1 {
-				t.Errorf("metrics running=%v waiting=%v, want 1 and 1",
-					m["vllm:num_requests_running"], m["vllm:num_requests_waiting"])
+	waitCounts := func(running, waiting int) {
+		t.Helper()
+		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(2 * time.Millisecond) {
+			if r, w := s.slots.counts(); r == running && w == waiting {
+				return
 			}
-			break
+			if time.Now().After(deadline) {
+				r, w := s.slots.counts()
+				t.Fatalf("running %d waiting %d, want %d and %d", r, w, running, waiting)
+			}
 		}
-		if time.Now().After(deadline) {
-			t.Fatal("never saw one request running and one waiting")
-		}
-		time.Sleep(2 * time.Millisecond)
+	}
+	send(0)
+	waitCounts(1, 0) // the second arrives second
+	send(1)
+	waitCounts(1, 1)
+	m := scrape(t, ts.URL)
+	if m["vllm:num_requests_waiting"] != 1 || m["vllm:num_requests_running"] != 1 {
+		t.Errorf("metrics running=%v waiting=%v, want 1 and 1",
+			m["vllm:num_requests_running"], m["vllm:num_requests_waiting"])
 	}
 	wg.Wait()
-	if durations[1] < 2*200*time.Millisecond-10*time.Millisecond {
+	if durations[1] < 1000*time.Millisecond+200*time.Millisecond-10*time.Millisecond {
 		t.Errorf("second request done after %v: it did not wait for the first (%v)", durations[1], durations[0])
 	}
 }
 
 func TestPrefillsShareCompute(t *testing.T) {
+	// A prefill takes 500 ms, so that the two cases stay apart (one prefill's time) while a
+	// loaded machine delays the requests by up to 400 ms.
 	tests := []struct {
 		prefillSlots int
 		wantSecond   time.Duration // TTFT of the second of two concurrent 100-token prefills
 	}{
-		{1, 200 * time.Millisecond},
-		{2, 100 * time.Millisecond},
+		{1, 1000 * time.Millisecond},
+		{2, 500 * time.Millisecond},
 	}
 	for _, tt := range tests {
 		t.Run(fmt.Sprint(tt.prefillSlots), func(t *testing.T) {
-			cfg := Config{PrefillSlots: tt.prefillSlots, PrefillPerToken: time.Millisecond, DecodePerToken: -1}
+			cfg := Config{PrefillSlots: tt.prefillSlots, PrefillPerToken: 5 * time.Millisecond, DecodePerToken: -1}
 			_, ts := startServer(t, cfg)
 			var wg sync.WaitGroup
 			took := make([]time.Duration, 2)
@@ -212,7 +219,7 @@ func TestPrefillsShareCompute(t *testing.T) {
 			}
 			wg.Wait()
 			slowest := max(took[0], took[1])
-			if slowest < tt.wantSecond-5*time.Millisecond || slowest > tt.wantSecond+80*time.Millisecond {
+			if slowest < tt.wantSecond-5*time.Millisecond || slowest > tt.wantSecond+400*time.Millisecond {
 				t.Errorf("slower request took %v, want about %v", slowest, tt.wantSecond)
 			}
 		})
@@ -229,7 +236,7 @@ func TestStreamEventsAreFlushed(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.path, func(t *testing.T) {
-			cfg := Config{Name: "s", PrefillPerToken: -1, DecodePerToken: 100 * time.Millisecond, MinEventInterval: -1}
+			cfg := Config{Name: "s", PrefillPerToken: -1, DecodePerToken: 200 * time.Millisecond, MinEventInterval: -1}
 			_, ts := startServer(t, cfg)
 			body := map[string]any{"max_tokens": 4, "stream": true, "stream_options": map[string]any{"include_usage": true},
 				"prompt": "hello there", "messages": []map[string]string{msg("user", "hello there")}}
@@ -256,13 +263,15 @@ func TestStreamEventsAreFlushed(t *testing.T) {
 				}
 				events = append(events, data)
 			}
-			// The decode of the 3 tokens after the first takes 300ms: the first event must
-			// arrive long before, not buffered with the rest.
-			if firstAt > 150*time.Millisecond {
-				t.Errorf("first event after %v", firstAt)
+			// The decode of the 3 tokens after the first takes 600ms: the first event must
+			// arrive long before the end, not buffered with the rest. Measured from the end,
+			// not from the start, which a loaded machine delays as much as the first event.
+			elapsed := time.Since(start)
+			if elapsed-firstAt < 300*time.Millisecond {
+				t.Errorf("first event after %v, the last after %v", firstAt, elapsed)
 			}
-			if elapsed := time.Since(start); elapsed < 300*time.Millisecond {
-				t.Errorf("stream done after %v, want >= 300ms", elapsed)
+			if elapsed < 600*time.Millisecond {
+				t.Errorf("stream done after %v, want >= 600ms", elapsed)
 			}
 			if events[len(events)-1] != "[DONE]" {
 				t.Fatalf("last event %q", events[len(events)-1])
@@ -498,7 +507,7 @@ func TestClientGoneWhileQueued(t *testing.T) {
 	if _, err := client.Post(ts.URL+"/v1/completions", "application/json", strings.NewReader(`{"prompt":"b"}`)); err == nil {
 		t.Fatal("expected a timeout")
 	}
-	deadline := time.Now().Add(2 * time.Second)
+	deadline := time.Now().Add(10 * time.Second)
 	for {
 		if r, w := s.slots.counts(); r == 0 && w == 0 {
 			break

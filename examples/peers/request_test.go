@@ -89,7 +89,7 @@ func hold(t *testing.T, s reverseproxy.Selector, pool reverseproxy.UpstreamPool,
 // goroutine of context.AfterFunc).
 func waitIdle(t *testing.T, f *inflight) {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
+	deadline := time.Now().Add(10 * time.Second)
 	for {
 		f.mu.Lock()
 		n := len(f.n)

@@ -50,9 +50,11 @@ newInputs() { # package target
 	done
 }
 
-# run fuzzes one target and prints pass, flake or fail.
+# run fuzzes one target and prints pass, flake or fail. KVROUTE_TEST_LOG=stderr: ./kvroute's
+# tests send stderr to a hidden file for Caddy's log, and with it the fuzzer's progress and its
+# "minimizing" lines, which the flake check reads (no Caddy starts with -run '^$').
 run() { # package target
-	if go test "$1" -run '^$' -fuzz "^$2\$" -fuzztime "$TIME" -fuzzminimizetime 5s >"$log" 2>&1; then
+	if KVROUTE_TEST_LOG=stderr go test "$1" -run '^$' -fuzz "^$2\$" -fuzztime "$TIME" -fuzzminimizetime 5s >"$log" 2>&1; then
 		echo pass
 	elif [ -z "$(newInputs "$1" "$2")" ] && grep -q 'context deadline exceeded' "$log" &&
 		! grep -q -e 'Failing input written to' -e 'minimizing' -e '^panic:' -e 'hung or terminated' \
