@@ -161,8 +161,10 @@ func TestCostSessionStaysWhileAMoveWouldForfeitMore(t *testing.T) {
 }
 
 // A session leaves its upstream while that upstream's queue makes it slower than ttft_slack
-// beyond the best, keeps its binding, and comes back once the queue is gone. Three long
-// prefills there are within the balance band (3 requests), not within the TTFT bound.
+// beyond the best, keeps its binding, and comes back once the queue is gone (the turn it sent
+// elsewhere adds less than a KV block: TestCostSessionFollowsItsCache has one that adds more).
+// Three long prefills there are within the balance band (3 requests), not within the TTFT
+// bound.
 func TestCostSessionLeavesSaturatedUpstreamAndComesBack(t *testing.T) {
 	pool := newPool("a:1", "b:1")
 	p := costPolicy(t, pool, nil, true)
@@ -191,6 +193,41 @@ func TestCostSessionLeavesSaturatedUpstreamAndComesBack(t *testing.T) {
 	waitFor(t, func() bool { return p.state.upstream(home).prefillTokens.Load() == 0 }, "the queue on the session's upstream gone")
 	if got := pick(t, p, pool, "m", conv+" and the next turn", "X-Session-ID", "s1"); got != home {
 		t.Errorf("with its queue gone, the session went to %s; want its upstream %s back", got, home)
+	}
+}
+
+// A session whose turn went elsewhere follows its cache: once the queue that moved it is gone,
+// the next turn goes where the tree holds the conversation's latest turn (a KV block or more
+// beyond what its upstream holds), not back to re-prefill it, and the binding moves there.
+func TestCostSessionFollowsItsCache(t *testing.T) {
+	pool := newPool("a:1", "b:1")
+	p := costPolicy(t, pool, nil, true)
+	conv := "session turn: " + strings.Repeat("tell me about the sea ", 20)
+	if got := pick(t, p, newPool("a:1"), "m", conv, "X-Session-ID", "s1"); got != "a:1" {
+		t.Fatalf("starting the session on a: went to %s", got)
+	}
+	var ends []context.CancelFunc
+	for i := range 3 {
+		r, cancel := chatRequest("m", bigCold(400+i, 10000))
+		ends = append(ends, cancel)
+		t.Cleanup(cancel)
+		if up := p.Select(newPool("a:1"), r, nil); up == nil || up.Dial != "a:1" {
+			t.Fatalf("saturating a: went to %v", up)
+		}
+	}
+	turn2 := conv + " and the next turn, " + strings.Repeat("about the waves ", 10) // 180 chars more
+	if got := pick(t, p, pool, "m", turn2, "X-Session-ID", "s1"); got != "b:1" {
+		t.Fatalf("with 30,000 tokens queued on a, the session went to %s; want b", got)
+	}
+	for _, end := range ends {
+		end()
+	}
+	waitFor(t, func() bool { return p.state.upstream("a:1").prefillTokens.Load() == 0 }, "the queue on a gone")
+	if got := pick(t, p, pool, "m", turn2+" and a third turn", "X-Session-ID", "s1"); got != "b:1" {
+		t.Errorf("with its second turn held on b, the session's third turn went to %s; want b", got)
+	}
+	if addr, ok := p.state.sessions.get("m", "s1", time.Now()); !ok || addr != "b:1" {
+		t.Errorf("the session's binding is %q (%v), want b:1", addr, ok)
 	}
 }
 

@@ -306,6 +306,13 @@ func (b band) keeps(cands []candidate, i int) bool {
 	return b.holds(c.load) && (!b.cost || c.cost.ttft <= moveBound(cands, b, c))
 }
 
+// heldElsewhere reports whether a candidate in the band holds at least one KV block
+// (minMatchRunes) more of the routing text than cands[i].
+func heldElsewhere(cands []candidate, i int, b band) bool {
+	w := longest(cands, func(c *candidate) bool { return b.holds(c.load) })
+	return w >= 0 && cands[w].match >= cands[i].match+minMatchRunes
+}
+
 // sessionStep is what the session step found.
 type sessionStep struct {
 	id     string // "" when the request has no session
@@ -356,6 +363,12 @@ func (p *KVCacheAware) session(r *http.Request, req *llmRequest, pool reversepro
 		// An earlier attempt of this request went there and failed (Caddy retries only a failed
 		// attempt: no response, or one lb_retry_match rejects): the session moves to where this
 		// attempt goes (its latest turn will be cached there), and on with each retry.
+	case i >= 0 && b.cost && heldElsewhere(cands, i, b):
+		// decision cost: another candidate in the band holds at least a KV block more of the
+		// prompt than the session's upstream (a turn went there): the request is warm there,
+		// byCost prices it, and the binding follows it. Going back would prefill the turns
+		// held there again and leave their copy to take cache (measured: docs/benchmarks.md
+		// "Issue 23").
 	case i >= 0 && b.keeps(cands, i):
 		s.chosen = i
 	case i < 0 && p.state.listedElsewhere(addr, req.Model, cands):
