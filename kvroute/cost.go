@@ -135,10 +135,38 @@ func bestTTFT(cands []candidate, b band) float64 {
 	return best
 }
 
-// ttftBound is the predicted TTFT up to which a session stays on its upstream and the energy
-// objective may choose: within ttft_slack of the best.
+// ttftBound is the predicted TTFT within ttft_slack of best: the energy objective chooses up
+// to it, and a warm upstream keeps a request up to it (best then priced by moveBound).
 func ttftBound(best, slack float64) float64 {
 	return best + max(best*slack, minSlackSeconds)
+}
+
+// moveBound is the predicted TTFT up to which w, the candidate a request is warm on (its
+// session's upstream, or the one holding its longest prefix), keeps it: within ttft_slack of
+// the best candidate in the band, each priced at its predicted TTFT plus what moving there
+// forfeits. A prefix that w holds, moved, is paid twice (forfeit); a request w holds little
+// of is free to go.
+func moveBound(cands []candidate, b band, w *candidate) float64 {
+	best := math.Inf(1)
+	for i := range cands {
+		if c := &cands[i]; b.holds(c.load) {
+			best = min(best, c.cost.ttft+forfeit(c, w))
+		}
+	}
+	return ttftBound(best, b.slack)
+}
+
+// forfeit is what sending the request to c instead of w gives away beyond c's predicted TTFT:
+// the prompt tokens w holds and c does not, at c's speed, once more. c prefills them now (its
+// TTFT counts that) and they take as much of c's cache, which the requests that were cached
+// there pay for again: with caches smaller than the working set, that second prefill is as
+// sure as the first (measured, docs/benchmarks.md "Issue 23": deciding on the TTFT alone moved
+// warm requests and sessions for a few milliseconds and lost 0.02 to 0.12 of hit ratio).
+func forfeit(c, w *candidate) float64 {
+	if w == nil {
+		return 0
+	}
+	return float64(max(0, c.cost.uncached-w.cost.uncached)) / c.cost.speed
 }
 
 // byCost runs decision cost's choice among the candidates within the balance band: the count
@@ -146,35 +174,42 @@ func ttftBound(best, slack float64) float64 {
 // joins (an engine whose batch is full makes a new request wait for a slot, whatever its
 // prefill queue: measured, docs/benchmarks.md "Issue 23"), so the band still bounds it. Among
 // those, the candidate holding the longest prefix keeps the request while its predicted TTFT
-// is within ttft_slack of the best ("sticky until saturated": a re-prefill elsewhere also
-// spends cache there, which later requests pay for); past it, the lowest predicted TTFT. With
+// is within ttft_slack of the best move, what a move forfeits counted (moveBound: "sticky
+// until saturated"); past it, the lowest predicted TTFT plus forfeit. With
 // objective energy or carbon, the fewest predicted joules (grams) among those within
 // ttft_slack of the best. Ties go to the less busy, then the one holding less, then at random.
 // The path says why: prefix_hit when the choice holds the longest match, imbalance when a
 // candidate held more and its queue or load made it too slow, fallback when none held any.
 func (p *KVCacheAware) byCost(cands []candidate, req *llmRequest, b band) (int, int) {
 	inBand := func(c *candidate) bool { return b.holds(c.load) }
+	var warmest *candidate
+	w := longest(cands, inBand)
+	if w >= 0 {
+		warmest = &cands[w]
+	}
 	chosen := -1
 	switch p.opts.objective {
 	case objectiveEnergy, objectiveCarbon:
 		var t energy.Ranking
 		j := p.joulesOf(cands, req)
+		bound := ttftBound(b.best, b.slack)
 		for i := range cands {
-			if c := &cands[i]; inBand(c) && c.cost.ttft <= b.ttft {
+			if c := &cands[i]; inBand(c) && c.cost.ttft <= bound {
 				t.Offer(i, j.of(c), c.cost.ttft, busyness(c))
 			}
 		}
 		chosen = t.Best()
 	default:
-		if w := longest(cands, inBand); w >= 0 && cands[w].cost.ttft <= b.ttft {
+		if warmest != nil && warmest.cost.ttft <= moveBound(cands, b, warmest) {
 			chosen = w
 		}
 	}
 	if chosen < 0 {
+		// Past the bound, the move that costs least, what it forfeits included.
 		var t energy.Ranking
 		for i := range cands {
 			if c := &cands[i]; inBand(c) {
-				t.Offer(i, c.cost.ttft, busyness(c), p.cachedTokens(c))
+				t.Offer(i, c.cost.ttft+forfeit(c, warmest), busyness(c), p.cachedTokens(c))
 			}
 		}
 		chosen = max(0, t.Best()) // -1 only for NaN everywhere: any candidate is as good

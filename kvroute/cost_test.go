@@ -78,10 +78,11 @@ func TestCostSlowEngineGetsLess(t *testing.T) {
 }
 
 // A warm upstream keeps its requests until its queue costs more than a re-prefill elsewhere
-// (by ttft_slack, 0.25 here): with a 2,000-token prefix cached on a and 100 new tokens per
-// request, a takes 26 requests in flight (its predicted TTFT, 100 × 26 tokens, then passes
-// 1.25 × the 2,100 tokens b would prefill). The balance band, which bounds counts (and is
-// tested apart), is set wide here: with it, a would keep 5.
+// (by ttft_slack, 0.25 here), the re-prefill priced at what it forfeits: with a 2,000-token
+// prefix cached on a and 100 new tokens per request, a takes 51 requests in flight (its
+// predicted TTFT, 100 × 52 tokens, then passes 1.25 × the 2,100 tokens b would prefill plus
+// the 2,000 of a's prefix that would take b's cache). The balance band, which bounds counts
+// (and is tested apart), is set wide here: with it, a would keep 5.
 func TestCostWarmUpstreamKeepsRequestsUntilItsQueueCostsMore(t *testing.T) {
 	pool := newPool("a:1", "b:1")
 	slack, wide := 0.25, 1000
@@ -91,7 +92,7 @@ func TestCostWarmUpstreamKeepsRequestsUntilItsQueueCostsMore(t *testing.T) {
 		t.Fatalf("warming a: went to %s", got)
 	}
 	first := -1
-	for i := range 35 {
+	for i := range 60 {
 		suffix := fmt.Sprintf("%03d %s", i, strings.Repeat("question ", 44)) // about 100 tokens
 		if got := hold(t, p, pool, prefix+suffix); got != "a:1" && first < 0 {
 			first = i
@@ -99,14 +100,71 @@ func TestCostWarmUpstreamKeepsRequestsUntilItsQueueCostsMore(t *testing.T) {
 			t.Logf("request %d left a, whose queued prefill was %d tokens", i, queued)
 		}
 	}
-	if first < 25 || first > 27 {
-		t.Errorf("the first request to leave the warm upstream was number %d; want about 26 (its queue then costs 1.25 × a re-prefill of 2,100 tokens)", first)
+	if first < 50 || first > 52 {
+		t.Errorf("the first request to leave the warm upstream was number %d; want about 51 (its queue then costs 1.25 × a re-prefill of 2,100 tokens and the 2,000 it forfeits)", first)
+	}
+}
+
+// Moving a request away from the upstream that holds its prefix is priced at what the move
+// forfeits: the prefix prefilled where it goes, now and once more for the cache it takes
+// there. ttft_slack 2, a 2,000-token prefix on a, 100 new tokens: with 7,500 tokens queued on
+// a (1.52 s against 0.42 s on an empty b) a keeps the request, since b's 0.42 s plus the
+// 0.40 s of the prefix it would take from b's cache is 0.82 s, and 1.52 s is within 3× of it;
+// with 15,000 queued (3.02 s) the request goes to b.
+func TestCostWarmUpstreamKeepsWhatAMoveWouldForfeit(t *testing.T) {
+	pool := newPool("a:1", "b:1")
+	slack, wide := 2.0, 1000
+	p := costPolicy(t, pool, nil, true, func(p *KVCacheAware) { p.TTFTSlack, p.BalanceAbsThreshold = &slack, &wide })
+	prefix := strings.Repeat("You are a careful assistant. ", 276) // 8,004 chars: about 2,000 tokens
+	if got := pick(t, p, newPool("a:1"), "m", prefix+"warm up"); got != "a:1" {
+		t.Fatalf("warming a: went to %s", got)
+	}
+	queue := func(from, to int) {
+		for i := from; i < to; i++ {
+			if got := hold(t, p, newPool("a:1"), bigCold(200+i, 2500)); got != "a:1" {
+				t.Fatalf("queueing on a: went to %s", got)
+			}
+		}
+	}
+	ask := func(n int) string {
+		return hold(t, p, pool, prefix+fmt.Sprintf("%03d %s", n, strings.Repeat("question ", 44))) // about 100 new tokens
+	}
+	queue(0, 3)
+	if got, q := ask(0), p.state.upstream("a:1").prefillTokens.Load(); got != "a:1" {
+		t.Errorf("with %d tokens queued on a, the request holding a's prefix went to %s; want a (a move would forfeit the prefix)", q, got)
+	}
+	queue(3, 6)
+	if got, q := ask(1), p.state.upstream("a:1").prefillTokens.Load(); got != "b:1" {
+		t.Errorf("with %d tokens queued on a, the request went to %s; want b (a's queue costs more than the move)", q, got)
+	}
+}
+
+// A session stays on its upstream while leaving would cost more than the queue there: the
+// conversation (about 2,000 tokens) would be prefilled elsewhere and evict as much there.
+// ttft_slack 2, 7,500 tokens queued on the session's upstream: it stays.
+func TestCostSessionStaysWhileAMoveWouldForfeitMore(t *testing.T) {
+	pool := newPool("a:1", "b:1")
+	slack, wide := 2.0, 1000
+	p := costPolicy(t, pool, nil, true, func(p *KVCacheAware) { p.TTFTSlack, p.BalanceAbsThreshold = &slack, &wide })
+	conv := "session turn: " + strings.Repeat("tell me about the sea ", 364) // about 2,000 tokens
+	if got := pick(t, p, newPool("a:1"), "m", conv, "X-Session-ID", "s1"); got != "a:1" {
+		t.Fatalf("starting the session on a: went to %s", got)
+	}
+	for i := range 3 {
+		if got := hold(t, p, newPool("a:1"), bigCold(300+i, 2500)); got != "a:1" {
+			t.Fatalf("queueing on a: went to %s", got)
+		}
+	}
+	if got := pick(t, p, pool, "m", conv+" and the next turn, "+strings.Repeat("with a question ", 25), "X-Session-ID", "s1"); got != "a:1" {
+		t.Errorf("with %d tokens queued on its upstream a, the session went to %s; want a", p.state.upstream("a:1").prefillTokens.Load(), got)
 	}
 }
 
 // A session leaves its upstream while that upstream's queue makes it slower than ttft_slack
-// beyond the best, keeps its binding, and comes back once the queue is gone. Three long
-// prefills there are within the balance band (3 requests), not within the TTFT bound.
+// beyond the best, keeps its binding, and comes back once the queue is gone (the turn it sent
+// elsewhere adds less than a KV block: TestCostSessionFollowsItsCache has one that adds more).
+// Three long prefills there are within the balance band (3 requests), not within the TTFT
+// bound.
 func TestCostSessionLeavesSaturatedUpstreamAndComesBack(t *testing.T) {
 	pool := newPool("a:1", "b:1")
 	p := costPolicy(t, pool, nil, true)
@@ -135,6 +193,41 @@ func TestCostSessionLeavesSaturatedUpstreamAndComesBack(t *testing.T) {
 	waitFor(t, func() bool { return p.state.upstream(home).prefillTokens.Load() == 0 }, "the queue on the session's upstream gone")
 	if got := pick(t, p, pool, "m", conv+" and the next turn", "X-Session-ID", "s1"); got != home {
 		t.Errorf("with its queue gone, the session went to %s; want its upstream %s back", got, home)
+	}
+}
+
+// A session whose turn went elsewhere follows its cache: once the queue that moved it is gone,
+// the next turn goes where the tree holds the conversation's latest turn (a KV block or more
+// beyond what its upstream holds), not back to re-prefill it, and the binding moves there.
+func TestCostSessionFollowsItsCache(t *testing.T) {
+	pool := newPool("a:1", "b:1")
+	p := costPolicy(t, pool, nil, true)
+	conv := "session turn: " + strings.Repeat("tell me about the sea ", 20)
+	if got := pick(t, p, newPool("a:1"), "m", conv, "X-Session-ID", "s1"); got != "a:1" {
+		t.Fatalf("starting the session on a: went to %s", got)
+	}
+	var ends []context.CancelFunc
+	for i := range 3 {
+		r, cancel := chatRequest("m", bigCold(400+i, 10000))
+		ends = append(ends, cancel)
+		t.Cleanup(cancel)
+		if up := p.Select(newPool("a:1"), r, nil); up == nil || up.Dial != "a:1" {
+			t.Fatalf("saturating a: went to %v", up)
+		}
+	}
+	turn2 := conv + " and the next turn, " + strings.Repeat("about the waves ", 10) // 180 chars more
+	if got := pick(t, p, pool, "m", turn2, "X-Session-ID", "s1"); got != "b:1" {
+		t.Fatalf("with 30,000 tokens queued on a, the session went to %s; want b", got)
+	}
+	for _, end := range ends {
+		end()
+	}
+	waitFor(t, func() bool { return p.state.upstream("a:1").prefillTokens.Load() == 0 }, "the queue on a gone")
+	if got := pick(t, p, pool, "m", turn2+" and a third turn", "X-Session-ID", "s1"); got != "b:1" {
+		t.Errorf("with its second turn held on b, the session's third turn went to %s; want b", got)
+	}
+	if addr, ok := p.state.sessions.get("m", "s1", time.Now()); !ok || addr != "b:1" {
+		t.Errorf("the session's binding is %q (%v), want b:1", addr, ok)
 	}
 }
 

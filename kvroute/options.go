@@ -31,7 +31,7 @@ const (
 	DefaultFallback            = "joule"
 	DefaultDecision            = decisionThresholds
 	DefaultObjective           = objectiveLatency
-	DefaultTTFTSlack           = 2.0
+	DefaultTTFTSlack           = 5.0
 	// DefaultMaxBody is how many body bytes are read for routing when neither the matcher nor
 	// the policy says otherwise. Larger bodies route on their first DefaultMaxBody bytes and
 	// still reach the upstream whole.

@@ -65,8 +65,10 @@ type KVCacheAware struct {
 	// predicted joules or grams among the candidates within ttft_slack of the best). Default:
 	// latency.
 	Objective string `json:"objective,omitempty"`
-	// decision cost: a session stays on its upstream, and energy or carbon may choose, while
-	// the predicted TTFT there is within this fraction of the best (0 to 100). Default: 2 (docs/decision.md: measured).
+	// decision cost: a session or the warm upstream keeps a request while its predicted TTFT is
+	// within this fraction of the best move's (a move priced at what it forfeits), and energy
+	// or carbon may choose within it of the best (0 to 100). Default: 5 (docs/decision.md:
+	// measured).
 	TTFTSlack *float64 `json:"ttft_slack,omitempty"`
 	// Response header that explains the decision (its path, the chosen upstream's predicted
 	// match and cost); off unless set.

@@ -50,7 +50,8 @@ type candidate struct {
 //
 // With decision cost (cost.go, docs/decision.md), every candidate gets a predicted time to
 // first token after step 1; step 2 keeps a session while its upstream is in the band and its
-// prediction within ttft_slack of the best, and steps 3 to 5 are one ranking by it (byCost).
+// prediction within ttft_slack of the best move's, a move priced at what it forfeits
+// (moveBound), and steps 3 to 5 are one ranking by it (byCost).
 //
 // Load is defined in load.go. Steps 1 to 5 read the loads, and the choice counts in them
 // before the next decision reads them: decisions of this router run one at a time from
@@ -97,7 +98,7 @@ func (p *KVCacheAware) Select(pool reverseproxy.UpstreamPool, r *http.Request, w
 	cost := p.opts.decision == decisionCost
 	if cost {
 		p.predict(cands, costInputs{prompt: estimate, charsPerToken: p.state.charsPerToken(req.Model), now: time.Now().UnixNano()})
-		band.ttft = ttftBound(bestTTFT(cands, band), p.opts.ttftSlack)
+		band.cost, band.best, band.slack = true, bestTTFT(cands, band), p.opts.ttftSlack
 	}
 
 	// 2. Session. A Responses follow-up goes first to the engine that stored the response it
@@ -278,9 +279,9 @@ type band struct {
 	abs      int64
 	rel      float64
 	overflow bool // the loads are imbalanced: max-min beyond both thresholds
-	// ttft: with decision cost, the predicted TTFT up to which a session stays (the band's
-	// loads are then not used); 0 with decision thresholds.
-	ttft float64
+	// With decision cost: best is the lowest predicted TTFT in the band, slack ttft_slack.
+	cost        bool
+	best, slack float64
 }
 
 func (p *KVCacheAware) bandOf(cands []candidate) band {
@@ -297,10 +298,19 @@ func (b band) holds(load int64) bool {
 	return load-b.lo <= b.abs || float64(load) <= float64(b.lo)*b.rel
 }
 
-// keeps reports whether a session bound to c stays there: c's load is within the band and,
-// with decision cost, its predicted TTFT within ttft_slack of the best.
-func (b band) keeps(c *candidate) bool {
-	return b.holds(c.load) && (b.ttft == 0 || c.cost.ttft <= b.ttft)
+// keeps reports whether a session bound to cands[i] stays there: its load is within the band
+// and, with decision cost, its predicted TTFT within ttft_slack of the best place to move the
+// request to, counting what the move forfeits (moveBound).
+func (b band) keeps(cands []candidate, i int) bool {
+	c := &cands[i]
+	return b.holds(c.load) && (!b.cost || c.cost.ttft <= moveBound(cands, b, c))
+}
+
+// heldElsewhere reports whether a candidate in the band holds at least one KV block
+// (minMatchRunes) more of the routing text than cands[i].
+func heldElsewhere(cands []candidate, i int, b band) bool {
+	w := longest(cands, func(c *candidate) bool { return b.holds(c.load) })
+	return w >= 0 && cands[w].match >= cands[i].match+minMatchRunes
 }
 
 // sessionStep is what the session step found.
@@ -353,7 +363,13 @@ func (p *KVCacheAware) session(r *http.Request, req *llmRequest, pool reversepro
 		// An earlier attempt of this request went there and failed (Caddy retries only a failed
 		// attempt: no response, or one lb_retry_match rejects): the session moves to where this
 		// attempt goes (its latest turn will be cached there), and on with each retry.
-	case i >= 0 && b.keeps(&cands[i]):
+	case i >= 0 && b.cost && heldElsewhere(cands, i, b):
+		// decision cost: another candidate in the band holds at least a KV block more of the
+		// prompt than the session's upstream (a turn went there): the request is warm there,
+		// byCost prices it, and the binding follows it. Going back would prefill the turns
+		// held there again and leave their copy to take cache (measured: docs/benchmarks.md
+		// "Issue 23").
+	case i >= 0 && b.keeps(cands, i):
 		s.chosen = i
 	case i < 0 && p.state.listedElsewhere(addr, req.Model, cands):
 		// Its engine's model list leaves it out (fleet.go): it does not serve the model.
