@@ -40,7 +40,7 @@ type job struct {
 	maxTokens    int
 	stream       bool
 	includeUsage bool
-	kv           *kvParams // vLLM's kv_transfer_params (prefill/decode disaggregation)
+	kv           *kvParams  // vLLM's kv_transfer_params (prefill/decode disaggregation)
 	boot         *bootstrap // SGLang's bootstrap fields
 	bootErr      error      // malformed bootstrap fields
 }
