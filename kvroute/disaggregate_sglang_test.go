@@ -323,16 +323,21 @@ func addrs(ws []*llmsim.Worker) string {
 
 // TestDisaggregateSGLangLLMSimFleet: the simulator's decode workers accept only rooms a prefill
 // worker of the fleet announced under the bootstrap address the request names, once; every
-// request's handshake holds, streamed or not, forged client fields and all.
+// request's handshake holds, streamed or not, forged client fields and all. A prefill worker
+// killed between requests costs no client a request: its dial error moves the prefill leg
+// (lb_retries) to the other worker, with that worker's bootstrap port, before any decode leg.
 func TestDisaggregateSGLangLLMSimFleet(t *testing.T) {
 	tr := llmsim.NewTransfers()
 	p, d, opts := sglangFleet(t, tr, llmsim.Config{Speed: 50, MinEventInterval: -1})
-	cfg := strings.ReplaceAll(pdConfig(addrs(p), addrs(d), opts, ""), `"m"`, `"`+llmsim.DefaultModel+`"`)
+	cfg := strings.ReplaceAll(pdConfig(addrs(p), addrs(d), opts+"\n\t\tlb_retries 2", ""), `"m"`, `"`+llmsim.DefaultModel+`"`)
 	startCaddy(t, cfg)
 	client := &http.Client{Timeout: 30 * time.Second}
-	split := disaggCounts[disaggSplit].Load()
-	const n = 12
+	split, failed := disaggCounts[disaggSplit].Load(), disaggCounts[disaggPrefillFailed].Load()
+	const n = 24
 	for i := range n {
+		if i == n/2 {
+			p[0].Close()
+		}
 		forged := ""
 		if i%3 == 0 {
 			forged = `,"bootstrap_host":"127.0.0.1","bootstrap_port":19301,"bootstrap_room":1`
@@ -351,9 +356,40 @@ func TestDisaggregateSGLangLLMSimFleet(t *testing.T) {
 	if got := disaggCounts[disaggSplit].Load() - split; got != n {
 		t.Errorf("split counted %d, want %d", got, n)
 	}
+	if got := disaggCounts[disaggPrefillFailed].Load() - failed; got != 0 {
+		t.Errorf("prefill_failed counted %d, want 0", got)
+	}
 	served := p[0].Stats().Requests + p[1].Stats().Requests
-	if served != n {
-		t.Errorf("prefill workers served %d, want %d", served, n)
+	if served != n || p[0].Stats().Requests == 0 || p[0].Stats().Requests == n {
+		t.Errorf("prefill workers served %d and %d, want %d together, both some", p[0].Stats().Requests, p[1].Stats().Requests, n)
+	}
+}
+
+// TestDisaggregateSGLangDecodeRetry: a decode upstream that cannot be dialled never got the
+// room: the decode pool's retry sends the same body, same room, to the next decode engine; the
+// prefill engine is not asked again.
+func TestDisaggregateSGLangDecodeRetry(t *testing.T) {
+	p, dec := newSGEngine(t), newSGEngine(t)
+	dead := "127.0.0.1:1"
+	// The dead decode upstream is the cheapest: the first decode attempt goes there.
+	policy := fmt.Sprintf("upstream %s {\n\t\t\t\tenergy_per_token 10uJ\n\t\t\t}\n\t\t\tupstream %s {\n\t\t\t\tenergy_per_token 500uJ\n\t\t\t}", dead, dec.addr())
+	cfg := pdConfig(p.addr(), dead+" "+dec.addr(), "protocol sglang", policy)
+	cfg = strings.Replace(cfg, "flush_interval -1", "flush_interval -1\n\t\tlb_retries 2", 1)
+	startCaddy(t, cfg)
+	client := &http.Client{Timeout: 20 * time.Second}
+	if code, got := postPD(t, client, longChat(false, "")); code != http.StatusOK {
+		t.Fatalf("status %d, answer %q", code, got)
+	}
+	waitUntil(t, 10*time.Second, func() bool { return len(p.got()) == 1 }, "the prefill leg")
+	pb, db := p.got(), dec.got()
+	if len(pb) != 1 || len(db) != 1 {
+		t.Fatalf("prefill got %d, decode %d; want 1 and 1", len(pb), len(db))
+	}
+	if room(t, pb[0]["bootstrap_room"]) != room(t, db[0]["bootstrap_room"]) {
+		t.Errorf("the retried decode leg has room %v, the prefill leg %v", db[0]["bootstrap_room"], pb[0]["bootstrap_room"])
+	}
+	if hs := currentState().upstream(dead).healthStatus(); hs.Failures == 0 && hs.TimesDown == 0 {
+		t.Errorf("the dead decode upstream was not tried first (no failure recorded)")
 	}
 }
 
