@@ -385,6 +385,13 @@ func (d *Disaggregate) serveSGLang(w http.ResponseWriter, r *http.Request, next 
 	l.mu.Lock()
 	body := l.body
 	l.mu.Unlock()
+	if body == nil {
+		// Reached without a pick: a policy that returned an upstream bootstrapPolicy never saw.
+		pcancel()
+		<-prefillDone
+		d.count(disaggPrefillFailed)
+		return caddyhttp.Error(http.StatusBadGateway, errors.New("llm_disaggregate: the prefill leg went out without bootstrap fields"))
+	}
 	holdBody(r, lr, body)
 	lr.leg = legDecode
 	decodeErr := next.ServeHTTP(gate, r.WithContext(dctx))

@@ -45,7 +45,9 @@ func newSGEngine(t *testing.T) *sgEngine {
 			http.NotFound(w, r)
 			return
 		}
-		dec := json.NewDecoder(r.Body)
+		// Read to the end: the server notices a client gone only once the body is consumed.
+		raw, _ := io.ReadAll(r.Body)
+		dec := json.NewDecoder(bytes.NewReader(raw))
 		dec.UseNumber()
 		var body map[string]any
 		if err := dec.Decode(&body); err != nil {
@@ -164,9 +166,8 @@ func TestDisaggregateSGLangHandshake(t *testing.T) {
 	if db[0]["stream"] != true || db[1]["stream"] != false {
 		t.Errorf("stream fields %v, %v: want the client's", db[0]["stream"], db[1]["stream"])
 	}
-	if n := disaggCounts[disaggSplit].Load() - split; n != 2 {
-		t.Errorf("split counted %d, want 2", n)
-	}
+	// Counted when the handler ends, which a client with the whole answer may not wait for.
+	waitUntil(t, 10*time.Second, func() bool { return disaggCounts[disaggSplit].Load()-split == 2 }, "split counted twice")
 
 	// A batch: chat n 3 gets lists of 3, three distinct rooms.
 	code, _ = postPD(t, client, longChat(false, `,"n":3`))
@@ -186,6 +187,28 @@ func TestDisaggregateSGLangHandshake(t *testing.T) {
 	}
 	if r0, r1, r2 := room(t, rl[0]), room(t, rl[1]), room(t, rl[2]); r0 == r1 || r1 == r2 || r0 == r2 {
 		t.Errorf("n 3: rooms %d %d %d not distinct", r0, r1, r2)
+	}
+
+	// SGLang's /generate: a text list is a batch; input_ids that are numbers are one prompt.
+	for i, tc := range []struct {
+		body string
+		list int
+	}{
+		{`{"text":["` + strings.Repeat("a b ", 300) + `","c"],"sampling_params":{"max_new_tokens":4}}`, 2},
+		{`{"input_ids":[1,2,3,4],"sampling_params":{"max_new_tokens":4}}`, 0},
+	} {
+		resp, err := client.Post(baseURL+"/generate", "application/json", strings.NewReader(tc.body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("generate %d: status %d", i, resp.StatusCode)
+		}
+		b := dec.got()[3+i]
+		if rl, isList := b["bootstrap_room"].([]any); tc.list > 0 && len(rl) != tc.list || tc.list == 0 && isList {
+			t.Errorf("generate %d: bootstrap_room %v, want a list of %d (0: a number)", i, b["bootstrap_room"], tc.list)
+		}
 	}
 }
 
@@ -353,9 +376,8 @@ func TestDisaggregateSGLangLLMSimFleet(t *testing.T) {
 		t.Fatalf("rooms: served %d, taken %d, refused %d, pending %d; want %d served and taken, none refused or pending",
 			tr.Served.Load(), tr.Taken.Load(), tr.Refused.Load(), tr.Pending(), n)
 	}
-	if got := disaggCounts[disaggSplit].Load() - split; got != n {
-		t.Errorf("split counted %d, want %d", got, n)
-	}
+	// Counted when the handler ends, which a client with the whole answer may not wait for.
+	waitUntil(t, 10*time.Second, func() bool { return disaggCounts[disaggSplit].Load()-split == n }, fmt.Sprintf("split counted %d times", n))
 	if got := disaggCounts[disaggPrefillFailed].Load() - failed; got != 0 {
 		t.Errorf("prefill_failed counted %d, want 0", got)
 	}
