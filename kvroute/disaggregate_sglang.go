@@ -41,6 +41,11 @@ const (
 	// maxBootstrapBatch bounds the rooms of one batch request (chat n, a list of prompts):
 	// the lists are built from a number the client gives.
 	maxBootstrapBatch = 1024
+	// decodeErrorHold is how long a decode engine's error answer waits for the prefill leg to
+	// end before it goes to the client: when a prefill engine dies, its decode engine may answer
+	// its own error (the room is gone) an instant before the prefill leg reports the failure,
+	// and the client should get the 502 of a failed prefill leg, counted as such.
+	decodeErrorHold = time.Second
 	// prefillDrainGrace is how long a prefill leg may still run once the decode leg has
 	// answered in full: the KV has been received by then, so what is left is the prefill
 	// engine's own (discarded) answer, which must not hold the client's answer open.
@@ -331,11 +336,11 @@ func (d *Disaggregate) serveSGLang(w http.ResponseWriter, r *http.Request, next 
 	rec := &drainRecorder{header: make(http.Header), reached: l.reach}
 	leg, out, finish := legRequest(pctx, r, lr, base, rec)
 	caddyhttp.SetVar(leg.Context(), varSGLangLeg, l)
-	gate := &decodeGate{ResponseWriterWrapper: caddyhttp.ResponseWriterWrapper{ResponseWriter: w}}
 	dctx, dcancel := context.WithCancel(r.Context())
 	defer dcancel()
 	var prefillErr error
 	prefillDone := make(chan struct{})
+	gate := &decodeGate{ResponseWriterWrapper: caddyhttp.ResponseWriterWrapper{ResponseWriter: w}, prefillDone: prefillDone}
 	go func() {
 		defer close(prefillDone)
 		start := time.Now()
@@ -431,9 +436,10 @@ func holdBody(r *http.Request, lr *llmRequest, body []byte) {
 // error (nothing of the decode leg written); one that fails after it leaves the answer be.
 type decodeGate struct {
 	caddyhttp.ResponseWriterWrapper
-	mu     sync.Mutex
-	state  int // gateOpen, gateCommitted, gateAborted
-	status int
+	prefillDone <-chan struct{}
+	mu          sync.Mutex
+	state       int // gateOpen, gateCommitted, gateAborted
+	status      int
 }
 
 const (
@@ -452,6 +458,12 @@ func (g *decodeGate) abort() bool {
 		g.state = gateAborted
 	}
 	return g.state == gateAborted
+}
+
+func (g *decodeGate) open() bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.state == gateOpen
 }
 
 func (g *decodeGate) aborted() bool {
@@ -484,6 +496,16 @@ func (g *decodeGate) commit(code int) bool {
 }
 
 func (g *decodeGate) WriteHeader(code int) {
+	if code >= 300 && g.open() {
+		// An error answer waits, at most decodeErrorHold, for the prefill leg to end: if that
+		// failed, the gate is closed by then and the client gets the prefill leg's 502.
+		t := time.NewTimer(decodeErrorHold)
+		select {
+		case <-g.prefillDone:
+		case <-t.C:
+		}
+		t.Stop()
+	}
 	if g.commit(code) {
 		g.ResponseWriter.WriteHeader(code)
 	}
