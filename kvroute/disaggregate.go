@@ -38,28 +38,39 @@ func init() {
 // becomes the held body, so every decode attempt resends it. docs/disaggregation.md.
 //
 //	llm_disaggregate [<matcher>] <prefill upstreams...> {
-//		protocol     vllm
+//		protocol     vllm|sglang
 //		split        auto|always
 //		min_uncached <tokens>
+//		bootstrap_port [<prefill upstream>] <port>
 //		<reverse_proxy options for the prefill pool: lb_policy, transport, timeouts, health...>
 //	}
 type Disaggregate struct {
 	// Prefill is the prefill pool's reverse_proxy handler.
 	Prefill json.RawMessage `json:"prefill,omitempty" caddy:"namespace=http.handlers inline_key=handler"`
-	// Protocol is the KV-transfer handshake: vllm (the KV connector's kv_transfer_params).
-	// Default: vllm.
+	// Protocol is the KV-transfer handshake: vllm (the KV connector's kv_transfer_params) or
+	// sglang (bootstrap host, port and room; both legs at once). Default: vllm.
 	Protocol string `json:"protocol,omitempty"`
 	// Split: auto splits only a prompt with at least min_uncached tokens the decode side does
 	// not hold, and nothing while the prefill pool is saturated; always splits every request
-	// that can be. Default: auto.
+	// that can be. Default: auto with vllm; sglang splits every request (always).
 	Split string `json:"split,omitempty"`
 	// MinUncached is auto's threshold in tokens. Default: 1024.
 	MinUncached *int64 `json:"min_uncached,omitempty"`
+	// BootstrapPort (sglang) is the bootstrap port of the prefill upstreams BootstrapPorts does
+	// not name: the port of the engine's KV bootstrap server
+	// (--disaggregation-bootstrap-port). Default: 8998, SGLang's.
+	BootstrapPort int `json:"bootstrap_port,omitempty"`
+	// BootstrapPorts (sglang) maps a prefill upstream's dial address to its bootstrap port.
+	BootstrapPorts map[string]int `json:"bootstrap_ports,omitempty"`
 
 	prefill *reverseproxy.Handler
 	policy  *KVCacheAware // the prefill pool's, when it is kv_cache_aware
 	inPool  map[string]bool
 	logger  *zap.Logger
+
+	// optLines are the Caddyfile lines of the options read, for errors found once the whole
+	// block is read (protocol may come after the options it rules out).
+	optLines map[string]caddyfile.Token
 }
 
 // Defaults and bounds.
@@ -110,6 +121,14 @@ func (d *Disaggregate) Provision(ctx caddy.Context) error {
 	if d.Split == "auto" && d.policy == nil {
 		return errors.New("llm_disaggregate: split auto needs lb_policy kv_cache_aware on the prefill pool")
 	}
+	if d.Protocol == "sglang" {
+		if err := d.checkBootstrap(rp); err != nil {
+			return err
+		}
+		// Each prefill attempt learns its engine when the pool picks it: the bootstrap host
+		// and port the body names are that engine's (disaggregate_sglang.go).
+		rp.LoadBalancing.SelectionPolicy = &bootstrapPolicy{inner: rp.LoadBalancing.SelectionPolicy, d: d}
+	}
 	return nil
 }
 
@@ -117,15 +136,36 @@ func (d *Disaggregate) validate() error {
 	if d.Protocol == "" {
 		d.Protocol = "vllm"
 	}
-	if d.Split == "" {
-		d.Split = "auto"
-	}
 	switch d.Protocol {
 	case "vllm":
+		if d.Split == "" {
+			d.Split = "auto"
+		}
+		if d.BootstrapPort != 0 || len(d.BootstrapPorts) > 0 {
+			return errors.New("llm_disaggregate: bootstrap_port is for protocol sglang (vllm's prefill engine names its KV source in its answer)")
+		}
 	case "sglang":
-		return errors.New("llm_disaggregate: protocol sglang is not supported by this build (vllm is)")
+		// An SGLang decode server refuses a request without bootstrap data: there is no
+		// aggregated path to choose, so no threshold to choose it by.
+		if d.Split == "" {
+			d.Split = "always"
+		}
+		if d.Split != "always" {
+			return fmt.Errorf("llm_disaggregate: protocol sglang splits every request (split always), got split %q", d.Split)
+		}
+		if d.MinUncached != nil {
+			return errors.New("llm_disaggregate: min_uncached is for protocol vllm's split auto; protocol sglang splits every request")
+		}
+		if d.BootstrapPort != 0 && (d.BootstrapPort < 1 || d.BootstrapPort > 65535) {
+			return fmt.Errorf("llm_disaggregate: bootstrap_port must be a port (1-65535), got %d", d.BootstrapPort)
+		}
+		for up, port := range d.BootstrapPorts {
+			if port < 1 || port > 65535 {
+				return fmt.Errorf("llm_disaggregate: bootstrap_port of %s must be a port (1-65535), got %d", up, port)
+			}
+		}
 	default:
-		return fmt.Errorf("llm_disaggregate: protocol must be vllm, got %q", d.Protocol)
+		return fmt.Errorf("llm_disaggregate: protocol must be vllm or sglang, got %q", d.Protocol)
 	}
 	if d.Split != "auto" && d.Split != "always" {
 		return fmt.Errorf("llm_disaggregate: split must be auto or always, got %q", d.Split)
@@ -198,6 +238,26 @@ func (d *Disaggregate) UnmarshalCaddyfile(disp *caddyfile.Dispenser) error {
 	if len(rp.Upstreams) == 0 && rp.DynamicUpstreamsRaw == nil {
 		return disp.Errf("llm_disaggregate: no prefill upstreams")
 	}
+	errAt := func(opt string, err error) error {
+		t := d.optLines[opt]
+		return fmt.Errorf("%s:%d - %w", t.File, t.Line, err)
+	}
+	if d.Protocol == "sglang" {
+		if _, ok := d.optLines["min_uncached"]; ok {
+			return errAt("min_uncached", errors.New("llm_disaggregate: min_uncached is for protocol vllm's split auto; protocol sglang splits every request"))
+		}
+		if d.Split == "auto" {
+			return errAt("split", errors.New("llm_disaggregate: protocol sglang splits every request (an SGLang decode server refuses one without bootstrap data): split auto is for protocol vllm"))
+		}
+	}
+	if _, ok := d.optLines["bootstrap_port"]; ok {
+		if d.Protocol != "sglang" {
+			return errAt("bootstrap_port", errors.New("llm_disaggregate: bootstrap_port is for protocol sglang (add protocol sglang)"))
+		}
+		if err := d.checkBootstrap(rp); err != nil {
+			return errAt("bootstrap_port", err)
+		}
+	}
 	if rp.LoadBalancing == nil {
 		rp.LoadBalancing = new(reverseproxy.LoadBalancing)
 	}
@@ -219,9 +279,6 @@ func (d *Disaggregate) option(o *caddyfile.Dispenser) error {
 		if len(args) != 1 || (args[0] != "vllm" && args[0] != "sglang") {
 			return o.Errf("llm_disaggregate: protocol takes vllm or sglang")
 		}
-		if args[0] == "sglang" {
-			return o.Errf("llm_disaggregate: protocol sglang is not supported by this build (vllm is)")
-		}
 		d.Protocol = args[0]
 	case "split":
 		if len(args) != 1 || (args[0] != "auto" && args[0] != "always") {
@@ -238,7 +295,34 @@ func (d *Disaggregate) option(o *caddyfile.Dispenser) error {
 		}
 		d.MinUncached = &n
 	case "bootstrap_port":
-		return o.Errf("llm_disaggregate: bootstrap_port is for protocol sglang, which this build does not support")
+		if len(args) != 1 && len(args) != 2 {
+			return o.Errf("llm_disaggregate: bootstrap_port takes [<prefill upstream>] <port>")
+		}
+		port, err := strconv.Atoi(args[len(args)-1])
+		if err != nil || port < 1 || port > 65535 {
+			return o.Errf("llm_disaggregate: bootstrap_port: %q is not a port (1-65535)", args[len(args)-1])
+		}
+		if len(args) == 1 {
+			if d.BootstrapPort != 0 {
+				return o.Errf("llm_disaggregate: bootstrap_port <port> given twice")
+			}
+			d.BootstrapPort = port
+		} else {
+			up := upstreamDial(args[0])
+			if _, dup := d.BootstrapPorts[up]; dup {
+				return o.Errf("llm_disaggregate: bootstrap_port of %s given twice", args[0])
+			}
+			if d.BootstrapPorts == nil {
+				d.BootstrapPorts = make(map[string]int)
+			}
+			d.BootstrapPorts[up] = port
+		}
+	}
+	if d.optLines == nil {
+		d.optLines = make(map[string]caddyfile.Token)
+	}
+	if _, seen := d.optLines[opt]; !seen {
+		d.optLines[opt] = o.Token()
 	}
 	return nil
 }
@@ -254,15 +338,17 @@ const (
 	disaggSplit         = iota // prefill leg, then the decode leg with its parameters
 	disaggShort                // split auto: too few uncached tokens on the decode side
 	disaggFallback             // not splittable (body not held whole, encoded, format) or the prefill pool saturated
-	disaggPrefillFailed        // the prefill leg failed or returned no parameters: aggregated
+	disaggPrefillFailed        // vllm: the prefill leg failed or returned no parameters: aggregated; sglang: a 502
+	disaggRefused              // sglang: not splittable (body not held whole, encoded, format, batch): an error
 	numDisaggPaths
 )
 
-var disaggPathNames = [numDisaggPaths]string{"split", "aggregated_short", "aggregated_fallback", "prefill_failed"}
+var disaggPathNames = [numDisaggPaths]string{"split", "aggregated_short", "aggregated_fallback", "prefill_failed", "refused"}
 
-// pdFields are the top-level fields that steer disaggregation in vLLM and SGLang: a client
-// never chooses where KV comes from, so they are removed from what it sent.
-var pdFields = []string{"kv_transfer_params", "bootstrap_host", "bootstrap_port", "bootstrap_room"}
+// pdFields are the top-level fields that steer disaggregation in vLLM and SGLang (SGLang's
+// bootstrap_pair_key and disagg_prefill_dp_rank also say where KV comes from): a client never
+// chooses where KV comes from, so they are removed from what it sent.
+var pdFields = []string{"kv_transfer_params", "bootstrap_host", "bootstrap_port", "bootstrap_room", "bootstrap_pair_key", "disagg_prefill_dp_rank"}
 
 // ServeHTTP runs the prefill leg when the request should be split, then the next handler.
 func (d *Disaggregate) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
@@ -272,6 +358,9 @@ func (d *Disaggregate) ServeHTTP(w http.ResponseWriter, r *http.Request, next ca
 			return next.ServeHTTP(w, r)
 		}
 		lr = requestFor(r, DefaultMaxBody)
+	}
+	if d.Protocol == "sglang" {
+		return d.serveSGLang(w, r, next, lr)
 	}
 	fields := heldFields(r, lr)
 	if fields == nil || (lr.Format != llmreq.Chat && lr.Format != llmreq.Completion) {
@@ -432,53 +521,14 @@ func (d *Disaggregate) prefillLeg(r *http.Request, lr *llmRequest, client map[st
 		return nil, err
 	}
 
-	// The leg's own vars: the attempts of the prefill pool are not the request's.
-	vars := make(map[string]any)
-	if orig, ok := r.Context().Value(caddyhttp.VarsCtxKey).(map[string]any); ok {
-		for k, v := range orig {
-			if k != varRequest && k != varFeedback {
-				vars[k] = v
-			}
-		}
-	}
-	repl := caddy.NewReplacer()
-	if orig, ok := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer); ok {
-		repl.Map(orig.Get)
-	}
 	ctx, cancel := context.WithCancel(r.Context())
 	defer cancel() // ends the leg's attempt: its outcome is judged, its engine's count released
-	ctx = context.WithValue(ctx, caddyhttp.VarsCtxKey, vars)
-	ctx = context.WithValue(ctx, caddy.ReplacerCtxKey, repl)
-	leg := r.Clone(ctx)
-	leg.Header.Del("Accept-Encoding")
-	leg.Header.Del("Expect")
-	leg.Header.Set("Content-Length", strconv.Itoa(len(body)))
-	leg.Header.Del("Transfer-Encoding")
-	leg.Body = http.NoBody
-	plr := &llmRequest{Request: lr.Request, maxBody: int64(len(body))}
-	plr.Text = lr.Text
-	if plr.Text == "" {
-		plr.Text = lr.routingText(r)
-	}
-	plr.body = llmreq.Hold(leg, body)
-	plr.leg = legPrefill
-	vars[varRequest] = plr
-
 	rec := &legRecorder{header: make(http.Header)}
-	var out http.ResponseWriter = rec
-	var fw *feedbackWriter
-	if _, ok := caddyhttp.GetVar(r.Context(), varFeedback).(*feedbackWriter); ok {
-		fw = &feedbackWriter{ResponseWriterWrapper: caddyhttp.ResponseWriterWrapper{ResponseWriter: rec}, r: leg}
-		vars[varFeedback] = fw
-		out = fw
-	}
+	leg, out, finish := legRequest(ctx, r, lr, body, rec)
 	start := time.Now()
-	err = d.prefill.ServeHTTP(out, leg, caddyhttp.HandlerFunc(func(http.ResponseWriter, *http.Request) error { return nil }))
-	if fw != nil {
-		fw.finish()
-	}
+	err = d.prefill.ServeHTTP(out, leg, noNext)
+	finish(err)
 	if err != nil {
-		repl.Set("http.error", err)
 		return nil, err
 	}
 	disaggMetrics.prefillSeconds.Observe(time.Since(start).Seconds())
@@ -498,6 +548,62 @@ func (d *Disaggregate) prefillLeg(r *http.Request, lr *llmRequest, client map[st
 		return nil, errors.New("prefill answer without kv_transfer_params")
 	}
 	return ans.KV, nil
+}
+
+// noNext ends a leg's handler chain: the prefill pool's reverse_proxy is the last handler.
+var noNext = caddyhttp.HandlerFunc(func(http.ResponseWriter, *http.Request) error { return nil })
+
+// legRequest makes the prefill leg of r: a request of its own (its own vars, replacer,
+// attempts and outcome) in ctx, derived from the client's, so that a client that goes away
+// cancels it, whose held body is body. Its answer goes to rec, through llm_feedback's writer
+// when the site has llm_feedback, so that the leg is credited to its engine; finish closes
+// that crediting once the leg is over.
+func legRequest(ctx context.Context, r *http.Request, lr *llmRequest, body []byte, rec http.ResponseWriter) (*http.Request, http.ResponseWriter, func(error)) {
+	// The leg's own vars: the attempts of the prefill pool are not the request's.
+	vars := make(map[string]any)
+	if orig, ok := r.Context().Value(caddyhttp.VarsCtxKey).(map[string]any); ok {
+		for k, v := range orig {
+			if k != varRequest && k != varFeedback {
+				vars[k] = v
+			}
+		}
+	}
+	repl := caddy.NewReplacer()
+	if orig, ok := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer); ok {
+		repl.Map(orig.Get)
+	}
+	ctx = context.WithValue(ctx, caddyhttp.VarsCtxKey, vars)
+	ctx = context.WithValue(ctx, caddy.ReplacerCtxKey, repl)
+	leg := r.Clone(ctx)
+	leg.Header.Del("Accept-Encoding")
+	leg.Header.Del("Expect")
+	leg.Header.Set("Content-Length", strconv.Itoa(len(body)))
+	leg.Header.Del("Transfer-Encoding")
+	leg.Body = http.NoBody
+	plr := &llmRequest{Request: lr.Request, maxBody: int64(len(body))}
+	plr.Text = lr.Text
+	if plr.Text == "" {
+		plr.Text = lr.routingText(r)
+	}
+	plr.body = llmreq.Hold(leg, body)
+	plr.leg = legPrefill
+	vars[varRequest] = plr
+
+	out := rec
+	var fw *feedbackWriter
+	if _, ok := caddyhttp.GetVar(r.Context(), varFeedback).(*feedbackWriter); ok {
+		fw = &feedbackWriter{ResponseWriterWrapper: caddyhttp.ResponseWriterWrapper{ResponseWriter: rec}, r: leg}
+		vars[varFeedback] = fw
+		out = fw
+	}
+	return leg, out, func(err error) {
+		if fw != nil {
+			fw.finish()
+		}
+		if err != nil {
+			repl.Set("http.error", err)
+		}
+	}
 }
 
 // legRecorder keeps the prefill leg's answer, up to maxPrefillAnswer bytes.
@@ -555,7 +661,7 @@ var disaggMetrics = func() (m struct {
 }) {
 	m.vec = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: ns, Subsystem: sub, Name: "disaggregate_total",
-		Help: "Requests llm_disaggregate handled, by path: split, aggregated_short, aggregated_fallback, prefill_failed.",
+		Help: "Requests llm_disaggregate handled, by path: split, aggregated_short, aggregated_fallback, prefill_failed, refused.",
 	}, []string{"path"})
 	for i, name := range disaggPathNames {
 		m.paths[i] = m.vec.WithLabelValues(name)

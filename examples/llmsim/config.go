@@ -61,6 +61,15 @@ type Config struct {
 	// TransferPerToken is the time a decode worker spends receiving one uncached prompt
 	// token's KV instead of prefilling it. Default: DefaultTransferPerToken.
 	TransferPerToken time.Duration
+	// Protocol of a prefill or decode worker: ProtocolVLLM (default) or ProtocolSGLang
+	// (pd_sglang.go).
+	Protocol string
+	// BootstrapAddr is the host:port a prefill worker announces its rooms under, as its
+	// bootstrap server's address (SGLang). Default: the worker's host, DefaultBootstrapPort.
+	BootstrapAddr string
+	// BootstrapTimeout bounds a decode worker's wait for its room's prefill and a prefill
+	// worker's wait for its room's decode (real time). Default: DefaultBootstrapTimeout.
+	BootstrapTimeout time.Duration
 }
 
 // withDefaults returns cfg with zero fields set to their defaults.
@@ -93,6 +102,9 @@ func (cfg Config) withDefaults() Config {
 		cfg.DefaultMaxTokens = DefaultMaxTokens
 	}
 	cfg.TransferPerToken = orDefault(cfg.TransferPerToken, DefaultTransferPerToken)
+	if cfg.BootstrapTimeout <= 0 {
+		cfg.BootstrapTimeout = DefaultBootstrapTimeout
+	}
 	if cfg.Role != RoleAggregated && cfg.Transfers == nil {
 		cfg.Transfers = NewTransfers()
 	}

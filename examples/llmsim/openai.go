@@ -20,6 +20,10 @@ type apiRequest struct {
 		IncludeUsage bool `json:"include_usage"`
 	} `json:"stream_options"`
 	KVTransferParams *kvParams `json:"kv_transfer_params"`
+	// SGLang's bootstrap fields (pd_sglang.go).
+	BootstrapHost json.RawMessage `json:"bootstrap_host"`
+	BootstrapPort json.RawMessage `json:"bootstrap_port"`
+	BootstrapRoom json.RawMessage `json:"bootstrap_room"`
 }
 
 type apiMessage struct {
@@ -36,7 +40,9 @@ type job struct {
 	maxTokens    int
 	stream       bool
 	includeUsage bool
-	kv           *kvParams // vLLM's kv_transfer_params (prefill/decode disaggregation)
+	kv           *kvParams  // vLLM's kv_transfer_params (prefill/decode disaggregation)
+	boot         *bootstrap // SGLang's bootstrap fields
+	bootErr      error      // malformed bootstrap fields
 }
 
 // parseJob decodes a chat (chat == true) or completions request body.
@@ -46,6 +52,7 @@ func parseJob(body []byte, chat bool, defaultMaxTokens int) (job, error) {
 		return job{}, fmt.Errorf("invalid JSON body: %w", err)
 	}
 	j := job{chat: chat, model: req.Model, stream: req.Stream, maxTokens: defaultMaxTokens, kv: req.KVTransferParams}
+	j.boot, j.bootErr = parseBootstrap(req.BootstrapHost, req.BootstrapPort, req.BootstrapRoom)
 	if j.kv != nil && j.kv.DoRemoteDecode && (j.stream || req.StreamOptions != nil) {
 		return job{}, errors.New("a prefill request (kv_transfer_params.do_remote_decode) must not stream")
 	}

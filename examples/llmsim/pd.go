@@ -23,10 +23,17 @@ const DefaultTransferPerToken = 5e3 // nanoseconds
 // Transfers is the registry of KV transfers a fleet's prefill workers served and its decode
 // workers have not yet taken: each is single-use, as vLLM's NixlConnector blocks are. Share one
 // between the prefill and decode workers of a fleet (Config.Transfers).
+//
+// Under protocol sglang it is the fleet's bootstrap registry: rooms announced by prefill workers
+// and claimed by decode workers (pd_sglang.go); Served counts rooms whose KV was handed over,
+// Taken the decode workers that received it, Refused the requests refused for their room.
 type Transfers struct {
-	mu      sync.Mutex
-	pending map[string]transfer
-	seq     atomic.Uint64
+	mu        sync.Mutex
+	pending   map[string]transfer
+	rooms     map[string]*room
+	usedRooms map[string]struct{}
+	usedOrder []string
+	seq       atomic.Uint64
 
 	Served   atomic.Uint64 // transfers handed out by prefill workers
 	Taken    atomic.Uint64 // transfers a decode worker took
@@ -40,13 +47,15 @@ type transfer struct {
 }
 
 // NewTransfers returns an empty registry.
-func NewTransfers() *Transfers { return &Transfers{pending: make(map[string]transfer)} }
+func NewTransfers() *Transfers {
+	return &Transfers{pending: make(map[string]transfer), rooms: make(map[string]*room), usedRooms: make(map[string]struct{})}
+}
 
-// Pending returns the transfers served and not yet taken.
+// Pending returns the transfers served and not yet taken, and the bootstrap rooms not yet done.
 func (t *Transfers) Pending() int {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	return len(t.pending)
+	return len(t.pending) + t.pendingRooms()
 }
 
 func (t *Transfers) put(engine string, tokens int) string {

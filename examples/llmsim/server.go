@@ -188,7 +188,56 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, j job) {
 	defer clock.stop()
 	var cached int
 	var ok bool
+	if s.cfg.Protocol == ProtocolSGLang && s.cfg.Role != RoleAggregated {
+		if err := s.checkSGLang(j); err != nil {
+			s.cfg.Transfers.Refused.Add(1)
+			writeError(w, http.StatusBadRequest, err.Error())
+			return
+		}
+		key := j.boot.key()
+		if s.cfg.Role == RolePrefill {
+			// The prefill leg: announce the room, compute the prompt, hand the KV over, then
+			// answer the first token (the router discards it).
+			e, err := s.cfg.Transfers.announce(key)
+			if err != nil {
+				s.cfg.Transfers.Refused.Add(1)
+				writeError(w, http.StatusBadRequest, err.Error())
+				return
+			}
+			if cached, ok = s.runPrefill(ctx, p, clock); !ok {
+				s.cfg.Transfers.abandon(key, e)
+				return
+			}
+			if err := s.cfg.Transfers.handOver(ctx, key, e, s.cfg.BootstrapTimeout); err != nil {
+				if ctx.Err() == nil {
+					s.cfg.Transfers.Refused.Add(1)
+					writeError(w, http.StatusInternalServerError, err.Error())
+				}
+				return
+			}
+			s.cfg.Transfers.Served.Add(1)
+			s.cfg.Transfers.Prefills.Add(1)
+			j.maxTokens = 1
+		} else {
+			e, err := s.cfg.Transfers.claim(ctx, key, s.cfg.BootstrapTimeout)
+			if err != nil {
+				if ctx.Err() == nil {
+					s.cfg.Transfers.Refused.Add(1)
+					writeError(w, http.StatusBadRequest, err.Error())
+				}
+				return
+			}
+			if cached, ok = s.runTransfer(ctx, p, clock); !ok {
+				s.cfg.Transfers.abandon(key, e)
+				return
+			}
+			s.cfg.Transfers.took(key, e)
+			s.cfg.Transfers.Taken.Add(1)
+		}
+	}
 	switch {
+	case s.cfg.Protocol == ProtocolSGLang && s.cfg.Role != RoleAggregated:
+		// Prefilled or transferred above.
 	case s.cfg.Role == RoleDecode && j.kv != nil && j.kv.DoRemotePrefill:
 		if err := s.takeTransfer(j.kv); err != nil {
 			writeError(w, http.StatusBadRequest, err.Error())
