@@ -269,18 +269,21 @@ func (p *bootstrapPolicy) Select(pool reverseproxy.UpstreamPool, r *http.Request
 	return up
 }
 
-// refusal says why protocol sglang cannot split a request the matcher matched, or nil.
+// refusal says why protocol sglang cannot split a request the matcher matched, or nil. A body
+// not held whole or content-encoded is a 502, as DESIGN.md's contract says (the client's
+// request is fine; this gateway cannot forward it the SGLang way); a body that is not a JSON
+// object is the client's error (400); a format SGLang's engines do not split is a 501.
 func refusal(r *http.Request, lr *llmRequest, fields map[string]json.RawMessage) *errNotSplit {
 	switch {
 	case lr.body == nil:
 		return &errNotSplit{http.StatusBadRequest, "no request body"}
 	case !lr.body.Whole():
-		return &errNotSplit{http.StatusRequestEntityTooLarge, "the body is over llm_prompt's max_body (an SGLang decode server needs the bootstrap fields in it)"}
+		return &errNotSplit{http.StatusBadGateway, "the body is over llm_prompt's max_body (an SGLang decode server needs the bootstrap fields in it)"}
 	case lr.err != nil:
 		return &errNotSplit{http.StatusBadRequest, "reading the body: " + lr.err.Error()}
 	}
 	if ce := r.Header.Get("Content-Encoding"); ce != "" && !strings.EqualFold(ce, "identity") {
-		return &errNotSplit{http.StatusUnsupportedMediaType, "a body with Content-Encoding " + ce + " (the bootstrap fields go into the body)"}
+		return &errNotSplit{http.StatusBadGateway, "a body with Content-Encoding " + ce + " (the bootstrap fields go into the body)"}
 	}
 	if fields == nil {
 		return &errNotSplit{http.StatusBadRequest, "the body is not a JSON object"}

@@ -284,8 +284,8 @@ func TestDisaggregateSGLangNotSplitIsAnError(t *testing.T) {
 		header           http.Header
 		want             int
 	}{
-		{"over max_body", "/v1/chat/completions", longChat(false, ""), nil, http.StatusRequestEntityTooLarge},
-		{"gzip body", "/v1/chat/completions", gz.String(), http.Header{"Content-Encoding": {"gzip"}}, http.StatusUnsupportedMediaType},
+		{"over max_body", "/v1/chat/completions", longChat(false, ""), nil, http.StatusBadGateway},
+		{"gzip body", "/v1/chat/completions", gz.String(), http.Header{"Content-Encoding": {"gzip"}}, http.StatusBadGateway},
 		{"responses", "/v1/responses", `{"model":"m","input":"hello"}`, nil, http.StatusNotImplemented},
 		{"n with a list of prompts", "/v1/completions", `{"model":"m","prompt":["a","b"],"n":2}`, nil, http.StatusBadRequest},
 	} {
