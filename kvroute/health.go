@@ -397,14 +397,25 @@ func (s *state) judge(repl *caddy.Replacer, a *attempt, ended bool, err error) {
 		s.healthy(a.u, false, "response")
 		return
 	}
-	if ended && err == nil {
-		return // no answer and no error: the client went away (Caddy logs a 499)
-	}
 	// Caddy retries a POST only when it could not send it (a dial error), unless lb_retry_match
 	// says otherwise; either way the engine never got this one.
 	var dial reverseproxy.DialError
-	if !ended || errors.As(err, &dial) {
+	switch {
+	case !ended || errors.As(err, &dial):
 		a.u.learn.sent.unsent(a.chars, a.matched)
+	default:
+		// Sent, then over without an answer (the client went away, the upstream failed): an
+		// engine that runs it to the end counts its tokens (llm-d's simulator does), so it
+		// ends in the chars per token's count too. Left out, the ended chars fell behind the
+		// tokens by every request an overloaded fleet kept after its client's deadline, and
+		// the totals of chars sent and ended parted for good (learn.go publishes only while
+		// they are close).
+		a.u.learn.sent.ended.Add(int64(a.chars))
+		// And its engine may still hold it, beyond this router's count (outsideTraffic).
+		a.u.learn.abandonedAt.Store(time.Now().UnixNano())
+	}
+	if ended && err == nil {
+		return // no answer and no error: the client went away (Caddy logs a 499)
 	}
 	if reason := upstreamFault(a, err); reason != "" {
 		s.fail(a.u, reason)

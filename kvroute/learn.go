@@ -36,12 +36,18 @@ const (
 	// Speeds outside these bounds are no engine's (tokens per second).
 	minSpeed, maxSpeed = 1.0, 1e7
 
-	// charsWindow is how many intervals a model's chars per token adds up; minCharsTokens and
-	// minCharsIntervals how much of them it needs. Adding up (rather than a ratio per
-	// interval) lets a request counted by the router in one interval and by the engine in the
-	// next even out.
-	charsWindow       = 32
-	minCharsTokens    = 2000
+	// A model's chars per token adds up every interval taken in since the model was first
+	// sent (a tokenizer does not change), not a window of the latest: with several upstreams
+	// feeding one model's window and requests in flight for longer than it (overloaded llm-d
+	// on the Mooncake trace, tens of seconds), a window's chars, ended chars and tokens were
+	// those of different requests, of sizes up to 100 times apart, and the figure swung from
+	// −27% to +26%. Totals let a request counted by the router in one interval and by the
+	// engine in another even out, and the requests in flight at the edges weigh ever less.
+	// minCharsTokens and minCharsIntervals are how much it needs: a request whose chars and
+	// tokens fall on different sides of an interval left out (one that sent two models) stays
+	// in the totals, so they must be many times the largest request's (a 1,000-token one
+	// over 2,000 made the figure 7% low).
+	minCharsTokens    = 20000
 	minCharsIntervals = 4
 	// Chars per token outside these bounds are no tokenizer's on routing text.
 	minCharsPerToken, maxCharsPerToken = 1.0, 16.0
@@ -114,6 +120,17 @@ type upstreamLearn struct {
 	answers     []float64
 	answerSpeed atomic.Uint64
 
+	// The engine's own request count against this router's (outsideTraffic): started minus
+	// sent since the baseline, the highest excess that was evidence, whether the engine counts
+	// the requests it starts at all, and when the latest evidence was seen (unix nanoseconds).
+	outsideExcess, outsideHigh float64
+	outsideSent                int64
+	countsStarts               bool
+	outsideAt                  int64
+	// abandonedAt is when a request sent there last ended without an answer (unix
+	// nanoseconds; the request path's): its engine may still run it.
+	abandonedAt atomic.Int64
+
 	figures atomic.Pointer[learnedFigures]
 	// restartedAt is when the engine's latest restart was seen, here or by the peer that reads
 	// it (unix nanoseconds; 0: none).
@@ -167,13 +184,14 @@ func (f *atomicFloat) add(v float64) {
 
 func (f *atomicFloat) load() float64 { return math.Float64frombits(f.bits.Load()) }
 
-// modelChars is a model's chars per token: the latest intervals' routing chars and engine
-// prompt tokens, and the figure they make (float64 bits; 0 until learned).
+// modelChars is a model's chars per token: the totals of the intervals taken in (routing
+// chars, engine prompt tokens), and the figure they make (float64 bits; 0 until learned).
 type modelChars struct {
-	mu     sync.Mutex
-	window []charsInterval
-	value  atomic.Uint64
-	used   atomic.Uint64 // the value the trees' bounds were last computed with
+	mu    sync.Mutex
+	sum   charsInterval
+	n     int
+	value atomic.Uint64
+	used  atomic.Uint64 // the value the trees' bounds were last computed with
 }
 
 // charsPerToken is the chars of routing text per prompt token for model: learned, else
@@ -224,11 +242,14 @@ func (s *state) learnFrom(u *upstreamState, cur *telemetry.Snapshot) {
 	dEnded := ended - l.lastEnded
 	l.lastEnded = ended
 	mixed := l.sent.mixed.Swap(false)
-	raw := int64(0)
+	raw, outside := int64(0), true
 	if e := u.engine.Load(); e != nil {
-		raw = e.raw
+		raw, outside = e.raw, e.outside
 	}
-	external := raw > 0 || l.lastRaw > 0
+	// Only while the engine's counts show traffic from elsewhere: leaving out the intervals in
+	// which its gauges alone showed more than this router's requests left out chars whose
+	// tokens it counted in the next interval, kept (−10% to +26% on overloaded llm-d).
+	external := outside && (raw > 0 || l.lastRaw > 0)
 	l.lastRaw = raw
 	f := learnedFigures{Engine: string(cur.Reading.Engine), Exports: cur.Reading.Counters.Known.String()}
 	if old := l.figures.Load(); old != nil {
@@ -294,17 +315,93 @@ func (s *state) learnFrom(u *upstreamState, cur *telemetry.Snapshot) {
 	l.figures.Store(&f)
 }
 
+// Outside traffic, from the engine's own counts (outsideTraffic).
+const (
+	// outsideTolerance is how many more requests than this router sent the engine may count
+	// as started before that is evidence of traffic from elsewhere: a request the router took
+	// back (a retry after the engine had started it) must not be enough.
+	outsideTolerance = 2
+	// outsideMemory is how many intervals evidence keeps the external term on: traffic from
+	// elsewhere starts requests every interval or so, and the gauges still show the ones that
+	// run long after their start.
+	outsideMemory = 30
+)
+
+// outsideTraffic reports whether the engine may lately hold requests this router does not
+// count as its own in flight: the gauges alone (running + waiting beyond this router's count)
+// cannot tell such requests from the moment between the engine's answer and this router's
+// count, a spike of one reading that left out the chars per token's intervals it fell in.
+//
+// Two kinds: requests from elsewhere, and requests this router gave up on (their client left,
+// or the upstream failed) that the engine still runs: llm-d's simulator does not notice a
+// closed connection and runs even the queued ones (overloaded, with its clients' deadlines
+// passing, its gauges showed up to 31 more than the router's). The second is a request sent
+// there ending without an answer within outsideMemory intervals. The first shows in an engine
+// that counts the requests it starts (its TTFT histogram, else its prefill-time histogram): of
+// this router's requests it starts at most those it was sent, so started − sent, summed from a
+// baseline at which the requests in flight are counted as not started yet, stays at or below
+// 0; evidence is that sum rising more than outsideTolerance above its highest earlier evidence
+// (0 at first). Without such a count (llama.cpp, TGI, SGLang without its histograms), in a
+// cluster (the peers' requests start there too) and for a peer's reading (no delta), the
+// gauges are taken as they are: the answer is true.
+func (s *state) outsideTraffic(u *upstreamState, cur *telemetry.Snapshot, interval time.Duration) bool {
+	if cur.FromPeer || s.node() != nil {
+		return true
+	}
+	l := &u.learn
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	sent := l.sent.requests.Load()
+	d := cur.Delta
+	started, ok := 0.0, false
+	if d != nil && !d.Restart {
+		switch {
+		case d.Known.Has(telemetry.HasTTFT) && d.TTFT != nil:
+			started, ok = d.TTFT.Count, true
+		case d.Known.Has(telemetry.HasPrefillTime):
+			started, ok = d.PrefillRequests, true
+		}
+	}
+	now := cur.Reading.At.UnixNano()
+	memory := int64(outsideMemory) * int64(interval)
+	recent := l.outsideAt != 0 && now-l.outsideAt < memory
+	// A request this router gave up on (its client left, its upstream failed) may still run
+	// there, uncounted here: an engine that does not notice a closed connection (llm-d's
+	// simulator) runs even its queued ones. Its gauges then show real work.
+	if at := l.abandonedAt.Load(); at != 0 && now-at < memory {
+		recent = true
+	}
+	if !ok {
+		// A first reading, a restart, or an engine that does not count the requests it
+		// starts: a new baseline, at which the requests in flight may start later.
+		l.outsideExcess, l.outsideHigh, l.outsideSent = -float64(u.own()), 0, sent
+		if d != nil && !d.Restart {
+			l.countsStarts = false
+		}
+		return !l.countsStarts || recent
+	}
+	l.countsStarts = true
+	l.outsideExcess += started - float64(sent-l.outsideSent)
+	l.outsideSent = sent
+	if l.outsideExcess > l.outsideHigh+outsideTolerance {
+		l.outsideHigh = l.outsideExcess
+		l.outsideAt, recent = now, true
+	}
+	return recent
+}
+
 // learnChars adds an interval's routing chars and engine prompt tokens to model's chars per
 // token. The caller passes only intervals where this router is likely the engine's only source
-// (no cluster, no external load at either reading, one model sent); intervals in which it sent
-// nothing count too, or the tokens of requests sent just before a reading would be lost and the
-// figure biased up. The figure is published only while the engine, over the window, started no
-// more requests than this router sent it (its TTFT or prefill-time count, where exported).
+// (no cluster, no traffic from elsewhere, one model sent); intervals in which it sent nothing
+// count too, or the tokens of requests sent just before a reading would be lost and the figure
+// biased up. The figure is published only while the engine, over the intervals taken in,
+// started no more requests than this router sent it (its TTFT or prefill-time count, where
+// exported).
 //
-// The engine counts each request between its decision and its end: over a window its tokens
-// are those of the chars sent, less or more the requests in flight at the window's edges (all
-// of a short run's: 16 clients in 300 requests are 5%). The chars taken are the midpoint of the
-// chars sent and the chars ended in the window, and the figure is published only while these
+// The engine counts each request between its decision and its end: over the intervals its
+// tokens are those of the chars sent, less or more the requests in flight at the edges (all of
+// a short run's: 16 clients in 300 requests are 5%). The chars taken are the midpoint of the
+// chars sent and the chars ended, and the figure is published only while these
 // differ by at most 1.8 × maxCharsBias of it: its error is then within maxCharsBias, whichever
 // moment the engine counts at (half the gap, over the chars sent or ended).
 func (s *state) learnChars(model string, d *telemetry.Delta, dSent [3]int64, dEnded int64) {
@@ -319,7 +416,7 @@ func (s *state) learnChars(model string, d *telemetry.Delta, dSent [3]int64, dEn
 	default:
 		return // llama.cpp counts only the tokens it computed
 	}
-	if s.node() != nil || (tokens <= 0 && dSent[1] <= 0) {
+	if s.node() != nil || (tokens <= 0 && dSent[1] <= 0 && dEnded <= 0) {
 		return
 	}
 	started := -1.0
@@ -342,19 +439,15 @@ func (s *state) learnChars(model string, d *telemetry.Delta, dSent [3]int64, dEn
 	}
 	mc := v.(*modelChars)
 	mc.mu.Lock()
-	mc.window = pushInterval(mc.window, charsInterval{chars: float64(dSent[1]), ended: float64(dEnded), tokens: tokens,
-		sent: float64(dSent[0]), started: started})
-	var sum charsInterval
-	for _, w := range mc.window {
-		sum.chars += w.chars
-		sum.ended += w.ended
-		sum.tokens += w.tokens
-		if w.started >= 0 {
-			sum.sent += w.sent
-			sum.started += w.started
-		}
+	mc.sum.chars += float64(dSent[1])
+	mc.sum.ended += float64(dEnded)
+	mc.sum.tokens += tokens
+	if started >= 0 {
+		mc.sum.sent += float64(dSent[0])
+		mc.sum.started += started
 	}
-	n := len(mc.window)
+	mc.n++
+	sum, n := mc.sum, mc.n
 	mc.mu.Unlock()
 	mid := (sum.chars + sum.ended) / 2
 	if sum.tokens < minCharsTokens || n < minCharsIntervals || mid <= 0 || sum.started > sum.sent*1.25+2 ||
@@ -376,13 +469,6 @@ func (s *state) learnChars(model string, d *telemetry.Delta, dSent [3]int64, dEn
 // exported) its engine counted.
 type charsInterval struct {
 	chars, ended, tokens, sent, started float64
-}
-
-func pushInterval(w []charsInterval, v charsInterval) []charsInterval {
-	if len(w) >= charsWindow {
-		w = append(w[:0], w[len(w)-charsWindow+1:]...)
-	}
-	return append(w, v)
 }
 
 // Sharing learned figures in a cluster (cluster.EngineLearned).

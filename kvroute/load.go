@@ -11,8 +11,9 @@ import "github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
 // other replicas published; engine_* the engine's own figures read at t_reading. Each request
 // counts once: external is what neither this process nor a peer sent. Without telemetry or
 // cluster, the missing terms are 0. external is computed once per reading (telemetry.go:
-// observe) and counts until the reading is readingLifetime intervals old. now is in unix
-// nanoseconds.
+// observe), the smaller of the last two readings' figures, and counts until the reading is
+// readingLifetime intervals old; it is 0 while the engine's own counts show no request this
+// router does not count (learn.go: outsideTraffic). now is in unix nanoseconds.
 //
 // Under concurrency: Select reads the loads and counts its choice in inFlight under
 // state.deciding, so a decision sees every decision made before it. The upstream a session, a

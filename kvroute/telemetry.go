@@ -286,6 +286,9 @@ type engineView struct {
 	external int64 // counted in the load: the smaller of this reading's raw and the previous one's
 	raw      int64 // this reading's running + waiting − own
 	waiting  int64 // the engine's waiting requests, all senders' (decision cost's queue)
+	// outside: the engine's own counts showed requests from elsewhere lately (outsideTraffic);
+	// external is 0 while they do not.
+	outside bool
 }
 
 // externalLoad returns the upstream's external load at now (unix nanoseconds): 0 without a
@@ -540,8 +543,10 @@ func (s *state) observe(interval time.Duration, prev, cur *telemetry.Snapshot) {
 			// absorb. The peers' term is the owner's and the others' latest published counts,
 			// which lag by up to load_interval either way.
 			raw := max(0, r.Running+r.Waiting-u.own()-s.peersInFlight(cur.Key))
+			// And only while the engine's own counts show requests from elsewhere (learn.go).
+			outside := s.outsideTraffic(u, cur, interval)
 			ext := int64(0)
-			if prev := u.engine.Load(); prev != nil && r.At.UnixNano() <= prev.until {
+			if prev := u.engine.Load(); outside && prev != nil && r.At.UnixNano() <= prev.until {
 				ext = min(raw, prev.raw)
 			}
 			life := time.Duration(readingLifetime) * interval
@@ -549,7 +554,7 @@ func (s *state) observe(interval time.Duration, prev, cur *telemetry.Snapshot) {
 			if r.Known.Has(telemetry.HasWaiting) {
 				waiting = max(0, r.Waiting)
 			}
-			u.engine.Store(&engineView{at: r.At, until: r.At.Add(life).UnixNano(), external: ext, raw: raw, waiting: waiting})
+			u.engine.Store(&engineView{at: r.At, until: r.At.Add(life).UnixNano(), external: ext, raw: raw, waiting: waiting, outside: outside})
 		}
 		if r.Known.Has(telemetry.HasKVCapacity) {
 			s.setEngineCapacity(cur.Key, r.KVCapacityTokens)
