@@ -27,7 +27,8 @@ import (
 // cluster run with a fault mid-run: NATS stopped for a while, or the last replica started late
 // (late.go).
 
-// expandReplicas returns the policies as -replicas runs them; with outage, kv_cache_aware also
+// expandReplicas returns the policies as -replicas runs them (a variant keeps its suffix, so
+// that kv_cost and kv_thresholds stay apart in the tables); with outage, kv_cache_aware also
 // runs with the cluster's NATS stopped mid-run, with late with its last replica started
 // mid-run.
 func expandReplicas(policies []policy, n int, outage, late bool) []policy {
@@ -35,24 +36,24 @@ func expandReplicas(policies []policy, n int, outage, late bool) []policy {
 	for _, p := range policies {
 		if p.Module == "kv_cache_aware" {
 			one, alone, shared := p, p, p
-			one.Replicas, one.Suffix = 1, " ×1"
-			alone.Replicas, alone.Suffix = n, fmt.Sprintf(" ×%d", n)
-			shared.Replicas, shared.Cluster, shared.Suffix = n, true, fmt.Sprintf(" ×%d +cluster", n)
+			one.Replicas, one.Suffix = 1, p.Suffix+" ×1"
+			alone.Replicas, alone.Suffix = n, fmt.Sprintf("%s ×%d", p.Suffix, n)
+			shared.Replicas, shared.Cluster, shared.Suffix = n, true, fmt.Sprintf("%s ×%d +cluster", p.Suffix, n)
 			one.Name, alone.Name, shared.Name = p.Name+"×1", fmt.Sprintf("%s×%d", p.Name, n), fmt.Sprintf("%s×%d+cluster", p.Name, n)
 			out = append(out, one, alone, shared)
 			if outage {
 				down := shared
-				down.Outage, down.Suffix, down.Name = true, fmt.Sprintf(" ×%d +cluster, NATS down mid-run", n), shared.Name+"+outage"
+				down.Outage, down.Suffix, down.Name = true, fmt.Sprintf("%s ×%d +cluster, NATS down mid-run", p.Suffix, n), shared.Name+"+outage"
 				out = append(out, down)
 			}
 			if late {
 				l := shared
-				l.Late, l.Suffix, l.Name = true, fmt.Sprintf(" ×%d +cluster, last replica late", n), shared.Name+"+late"
+				l.Late, l.Suffix, l.Name = true, fmt.Sprintf("%s ×%d +cluster, last replica late", p.Suffix, n), shared.Name+"+late"
 				out = append(out, l)
 			}
 			continue
 		}
-		p.Replicas, p.Suffix, p.Name = n, fmt.Sprintf(" ×%d", n), fmt.Sprintf("%s×%d", p.Name, n)
+		p.Replicas, p.Suffix, p.Name = n, fmt.Sprintf("%s ×%d", p.Suffix, n), fmt.Sprintf("%s×%d", p.Name, n)
 		out = append(out, p)
 	}
 	return out

@@ -30,6 +30,20 @@ func TestExpandReplicas(t *testing.T) {
 	}
 }
 
+// The decision variants keep their suffix behind replicas (they printed as two identical
+// "kv_cache_aware ×3 +cluster" rows before).
+func TestExpandReplicasKeepsVariants(t *testing.T) {
+	var titles []string
+	for _, p := range expandReplicas(variantPolicies(nil), 3, false, false) {
+		titles = append(titles, p.title())
+	}
+	want := "kv_cache_aware (decision cost) ×1|kv_cache_aware (decision cost) ×3|kv_cache_aware (decision cost) ×3 +cluster|" +
+		"kv_cache_aware (decision thresholds) ×1|kv_cache_aware (decision thresholds) ×3|kv_cache_aware (decision thresholds) ×3 +cluster"
+	if got := strings.Join(titles, "|"); got != want {
+		t.Errorf("replicas variants\n got %s\nwant %s", got, want)
+	}
+}
+
 // The front leaves the worker header as the replica set it (per-worker counts come from it) and
 // names the replica in its own header; with Retry it retries a failed dial elsewhere.
 func TestFrontKeepsWorkerHeader(t *testing.T) {
