@@ -175,11 +175,12 @@ func forfeit(c, w *candidate) float64 {
 // prefill queue: measured, docs/benchmarks.md "Issue 23"), so the band still bounds it. Among
 // those, the candidate holding the longest prefix keeps the request while its predicted TTFT
 // is within ttft_slack of the best move, what a move forfeits counted (moveBound: "sticky
-// until saturated"); past it, the lowest predicted TTFT plus forfeit. With
-// objective energy or carbon, the fewest predicted joules (grams) among those within
-// ttft_slack of the best. Ties go to the less busy, then the one holding less, then at random.
-// The path says why: prefix_hit when the choice holds the longest match, imbalance when a
-// candidate held more and its queue or load made it too slow, fallback when none held any.
+// until saturated"); past it, the lowest predicted TTFT plus forfeit. With objective
+// energy or carbon, the fewest predicted joules (grams) among those within ttft_slack of the
+// best, a move away from the warmest priced at the joules (grams) it forfeits. Ties go to the
+// less busy, then the one holding less, then at random. The path says why: prefix_hit when
+// the choice holds the longest match, imbalance when a candidate held more and its queue or
+// load made it too slow, fallback when none held any.
 func (p *KVCacheAware) byCost(cands []candidate, req *llmRequest, b band) (int, int) {
 	inBand := func(c *candidate) bool { return b.holds(c.load) }
 	var warmest *candidate
@@ -195,7 +196,7 @@ func (p *KVCacheAware) byCost(cands []candidate, req *llmRequest, b band) (int, 
 		bound := ttftBound(b.best, b.slack)
 		for i := range cands {
 			if c := &cands[i]; inBand(c) && c.cost.ttft <= bound {
-				t.Offer(i, j.of(c), c.cost.ttft, busyness(c))
+				t.Offer(i, j.of(c)+j.forfeit(c, warmest), c.cost.ttft, busyness(c))
 			}
 		}
 		chosen = t.Best()
@@ -268,7 +269,27 @@ func (p *KVCacheAware) joulesOf(cands []candidate, req *llmRequest) joules {
 }
 
 func (j joules) of(c *candidate) float64 {
-	ep, ed, ci := j.ePrefill, j.eDecode, j.eCI
+	ep, ed, ci := j.perToken(c)
+	return j.unit(float64(c.cost.uncached)*ep+j.expected*ed, ci)
+}
+
+// forfeit is what sending the request to c instead of w gives away, in joules (grams), as
+// forfeit prices it in seconds: the prompt tokens w holds and c does not, prefilled on c once
+// more for the cache they take there. Without it the fewest joules of the request alone moved
+// conversations from a dear upstream holding their prefix to a cheap one and spent more than
+// objective latency in all (measured, docs/benchmarks.md "Issue 23").
+func (j joules) forfeit(c, w *candidate) float64 {
+	if w == nil {
+		return 0
+	}
+	ep, _, ci := j.perToken(c)
+	return j.unit(float64(max(0, c.cost.uncached-w.cost.uncached))*ep, ci)
+}
+
+// perToken is c's prefill and decode energy per token and carbon intensity, the means of the
+// annotated candidates for what its upstream block does not say.
+func (j joules) perToken(c *candidate) (ep, ed, ci float64) {
+	ep, ed, ci = j.ePrefill, j.eDecode, j.eCI
 	if pr := c.prof; pr != nil {
 		if v := float64(prefillEnergy(pr)); v > 0 {
 			ep = v
@@ -280,7 +301,11 @@ func (j joules) of(c *candidate) float64 {
 			ci = pr.CarbonIntensity
 		}
 	}
-	e := float64(c.cost.uncached)*ep + j.expected*ed
+	return ep, ed, ci
+}
+
+// unit is e joules in the objective's unit: joules, or grams of CO2e at ci.
+func (j joules) unit(e, ci float64) float64 {
 	if j.carbon {
 		return e * ci / 3.6e6 // J × gCO2e/kWh → g
 	}

@@ -462,3 +462,33 @@ func TestIntegrationCostExplainAndRecent(t *testing.T) {
 		t.Errorf("the newest decision: %+v (turns served by %v)", d, homes)
 	}
 }
+
+// objective energy prices a move away from the upstream holding the prompt's prefix at what it
+// forfeits, in joules, as objective latency does in seconds: the held tokens prefilled where
+// the request goes, now and once more for the cache they take there. A 500-token prefix on
+// the dear upstream and 100 new tokens, 256 output tokens expected: the cheap one would spend
+// 600 × 25 + 256 × 150 = 53,400 µJ against the dear one's 100 × 40 + 256 × 210 = 57,760,
+// but with the 500 × 25 it forfeits, 65,900: the request stays where its prefix is.
+func TestCostEnergyPricesWhatAMoveForfeits(t *testing.T) {
+	pool := newPool("dear:1", "cheap:1")
+	ups := map[string]energy.Profile{
+		"dear:1":  {PrefillEnergyPerToken: 40e-6, EnergyPerToken: 210e-6},
+		"cheap:1": {PrefillEnergyPerToken: 25e-6, EnergyPerToken: 150e-6},
+	}
+	slack := 10.0 // the TTFT bound out of the way: 600 tokens cold against 100 warm
+	p := costPolicy(t, pool, ups, true, func(p *KVCacheAware) { p.Objective = objectiveEnergy; p.TTFTSlack = &slack })
+	prefix := strings.Repeat("You are a careful assistant. ", 69) // 2,001 chars: about 500 tokens
+	if got := pick(t, p, newPool("dear:1"), "m", prefix+"warm up"); got != "dear:1" {
+		t.Fatalf("warming dear: went to %s", got)
+	}
+	for i := range 3 {
+		suffix := fmt.Sprintf("%03d %s", i, strings.Repeat("question ", 44)) // about 100 tokens
+		if got := pick(t, p, pool, "m", prefix+suffix); got != "dear:1" {
+			t.Errorf("request %d with its 500-token prefix on dear went to %s; want dear (53,400 µJ on cheap and 12,500 forfeited, against 57,760)", i, got)
+		}
+	}
+	// A cold request still goes to the cheap upstream.
+	if got := pick(t, p, pool, "m", bigCold(1, 600)); got != "cheap:1" {
+		t.Errorf("a cold request went to %s; want cheap", got)
+	}
+}

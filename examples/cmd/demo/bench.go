@@ -198,10 +198,13 @@ func (b *bench) startCaddyPorts(ctx context.Context, p policy, ports []int) (*ca
 			return nil, 0, err
 		}
 	}
-	if p.Module == "kv_cache_aware" && b.cfg.kvCapacity {
+	if p.Module == "kv_cache_aware" && (b.cfg.kvCapacity || b.cfg.energy != nil) {
 		f := b.fleet
-		perWorker := f.CapacityBlocks() * f.BlockTokens() / len(f.Addrs())
-		p.Block = append(slices.Clone(p.Block), kvCapacityLines(f.Addrs(), perWorker)...)
+		perWorker := 0
+		if b.cfg.kvCapacity {
+			perWorker = f.CapacityBlocks() * f.BlockTokens() / len(f.Addrs())
+		}
+		p.Block = append(slices.Clone(p.Block), upstreamLines(f.Addrs(), perWorker, b.cfg.energy)...)
 	}
 	s := site{AdminPort: ports[0], Port: ports[1], Upstreams: b.fleet.Addrs(), Policy: p}
 	c, err := startCaddy(ctx, b.bin, s, b.cfg.verbose)
@@ -229,8 +232,17 @@ func (b *bench) compare(ctx context.Context, policies []policy) ([]*policyResult
 			fmt.Println()
 			return fmt.Errorf("%s: %w", p.Name, err)
 		}
-		fmt.Printf("hit %.3f (reference %.3f), imbalance %.2f, %.1f requests/s, %d errors, %s\n",
-			res.HitRatio, res.ReferenceHitRatio, res.Imbalance, res.RequestsPerSecond, res.Errors, time.Since(start).Round(100*time.Millisecond))
+		joules := ""
+		if b.cfg.energy != nil {
+			j, unattributed := joulesPerRequest(res.Records, b.fleet.Addrs(), b.cfg.energy)
+			out[i].Joules = append(out[i].Joules, j)
+			joules = fmt.Sprintf(", %.1f J/request", j)
+			if unattributed > 0 {
+				joules += fmt.Sprintf(" (%d requests of no known worker at the fleet's mean)", unattributed)
+			}
+		}
+		fmt.Printf("hit %.3f (reference %.3f), imbalance %.2f, %.1f requests/s%s, %d errors, %s\n",
+			res.HitRatio, res.ReferenceHitRatio, res.Imbalance, res.RequestsPerSecond, joules, res.Errors, time.Since(start).Round(100*time.Millisecond))
 		out[i].Runs = append(out[i].Runs, res)
 		return nil
 	}
@@ -272,6 +284,8 @@ type policyResult struct {
 	Options []string         `json:"options,omitempty"`
 	Summary summary          `json:"summary"`
 	Runs    []*replay.Result `json:"runs"`
+	// Joules per request of each run, in the order of Runs (-energy; joulesPerRequest).
+	Joules []float64 `json:"joules_per_request,omitempty"`
 }
 
 // summary is the mean over the runs of a policy, with the min and max of the figures that vary
@@ -361,16 +375,4 @@ func summarize(runs []*replay.Result, addrs []string) summary {
 	s.Requests /= len(runs)
 	s.HitRatio, s.Imbalance = newSpan(hits), newSpan(imbs)
 	return s
-}
-
-// kvCapacityLines annotates every worker with its prefix cache size in tokens, as an operator
-// would from the "GPU KV cache size: N tokens" line vLLM logs at start. The policy then bounds
-// what its tree believes each upstream holds (1.5 × kv_capacity × 4 chars), so that a prefix
-// the worker has long evicted stops attracting requests.
-func kvCapacityLines(addrs []string, tokens int) []string {
-	lines := make([]string, 0, len(addrs))
-	for _, a := range addrs {
-		lines = append(lines, fmt.Sprintf("upstream %s {\n\t\t\t\tkv_capacity %d\n\t\t\t}", a, tokens))
-	}
-	return lines
 }

@@ -32,7 +32,7 @@ func TestCaddyfile(t *testing.T) {
 		}
 	}
 
-	s.Policy.Block = kvCapacityLines(s.Upstreams, 4096)
+	s.Policy.Block = upstreamLines(s.Upstreams, 4096, nil)
 	if got := s.caddyfile(); !strings.Contains(got, "lb_policy kv_cache_aware {\n\t\t\tupstream 127.0.0.1:8001 {\n\t\t\t\tkv_capacity 4096\n\t\t\t}\n\t\t\tupstream 127.0.0.1:8002 {\n\t\t\t\tkv_capacity 4096\n\t\t\t}\n\t\t}") {
 		t.Errorf("kv_capacity annotations:\n%s", got)
 	}
@@ -70,7 +70,7 @@ func TestCaddyfileAdapts(t *testing.T) {
 			ups := []string{"127.0.0.1:8001", "127.0.0.1:8002"}
 			wants := []string{`"policy":"` + p.Module + `"`, `"llm_prompt"`, `"X-Kvsim-Worker"`}
 			if p.Module == "kv_cache_aware" { // as the demo runs it, with -kv-capacity
-				p.Block = append(slices.Clone(p.Block), kvCapacityLines(ups, 4096)...)
+				p.Block = append(slices.Clone(p.Block), upstreamLines(ups, 4096, nil)...)
 				wants = append(wants, `"upstreams":{"127.0.0.1:8001":{"kv_capacity":4096},"127.0.0.1:8002":{"kv_capacity":4096}}`)
 			}
 			s := site{AdminPort: 2999, Port: 8080, Upstreams: ups, Policy: p}

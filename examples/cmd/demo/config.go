@@ -55,6 +55,7 @@ type config struct {
 	kvCapacity  bool
 	telemetry   bool
 	sideLoad    int
+	energy      []workerEnergy // -energy: per worker, in order; nil: no annotation
 	sweep       bool
 	walkthrough bool
 
@@ -91,7 +92,7 @@ func parseFlags(args []string) (*config, error) {
 	fs.IntVar(&cfg.workers, "workers", 4, "workers in the fleet")
 	fs.IntVar(&cfg.blocks, "cache-blocks", 0, fmt.Sprintf("prefix cache per worker in 16-token blocks (default: chat %d, mooncake %d)", chatBlocksPerWorker, mooncakeBlocksPerWorker))
 	fs.Float64Var(&cfg.speed, "speed", 0, fmt.Sprintf("sim fleet: simulated time runs this many times faster (default: chat 1, mooncake %d)", mooncakeSpeed))
-	fs.StringVar(&cfg.policies, "policies", "", "comma list of policies to run (kv_cache_aware, round_robin, least_conn, random, header, sglang_cache_aware, prefix_hash, and the variants kv_cost and kv_thresholds: kv_cache_aware with decision cost or thresholds; none: skip the comparison); default: all the Caddy binary has but the variants")
+	fs.StringVar(&cfg.policies, "policies", "", "comma list of policies to run (kv_cache_aware, round_robin, least_conn, random, header, sglang_cache_aware, prefix_hash, and the variants kv_cost, kv_thresholds and kv_energy: kv_cache_aware with decision cost, decision thresholds, or decision cost with objective energy (see -energy); none: skip the comparison); default: all the Caddy binary has but the variants")
 	fs.IntVar(&cfg.repeats, "repeats", 1, "run each policy N times and report the mean and the min-max of hit ratio and imbalance")
 
 	fs.StringVar(&cfg.kind, "workload", "chat", "workload: chat (synthetic multi-turn conversations) or mooncake (the Mooncake trace)")
@@ -113,6 +114,7 @@ func parseFlags(args []string) (*config, error) {
 	kv := fs.String("kv-options", "", `extra lines inside the kv_cache_aware block, separated by ";" (e.g. "cache_threshold 0.3; balance_abs_threshold 8")`)
 	fs.BoolVar(&cfg.kvCapacity, "kv-capacity", true, "annotate each upstream of kv_cache_aware with its prefix cache size (kv_capacity, in tokens), as an operator would from vLLM's \"GPU KV cache size\" log line; false: no annotation")
 	fs.BoolVar(&cfg.telemetry, "telemetry", true, "kv_cache_aware reads each worker's /metrics (KV capacity, queue, health; its default); false: `telemetry off`, the baseline without the engines' figures")
+	en := fs.String("energy", "", "annotate each upstream of kv_cache_aware with its energy per token (prefill_energy_per_token, energy_per_token) and report each policy's joules per request, charged per worker from the tokens it reported: (prompt - cached) × its prefill energy + output × its decode energy. A comma list, one entry per worker in order or one for all; an entry is PREFILL/DECODE with units (25mJ/150mJ), one energy for both, or a preset: h100 (25mJ/150mJ) or a100 (40mJ/210mJ), an 8B model at a decode batch of about 64, board power over tokens per second (the older GPU: a third of the prefill throughput at 400 W against 700 W, 0.6 of the memory bandwidth for decode). e.g. h100,h100,a100,a100; with -slow 2 -slow-factor 2 the A100s are also slower. The variant kv_energy runs decision cost with objective energy")
 	fs.IntVar(&cfg.sideLoad, "side-load", 0, "closed-loop clients sending cold prompts straight to the first worker during each replay: traffic the router did not send (0: none)")
 	fs.BoolVar(&cfg.sweep, "sweep", false, "run kv_cache_aware alone over a grid of cache_threshold × balance_abs_threshold × on_imbalance and print a table")
 	fs.IntVar(&cfg.slow, "slow", 0, "a heterogeneous fleet: the last N workers are -slow-factor times slower at prefill and decode (sim: its per-token times; llmd: --prefill-time-per-token and --inter-token-latency); kv_cache_aware's learned prefill speeds are printed against the configured ones")
@@ -143,13 +145,17 @@ func parseFlags(args []string) (*config, error) {
 			"LLM workers and prints a comparison table and an HTML report.\n\nFlags:\n")
 		fs.PrintDefaults()
 	}
-	if err := fs.Parse(args); err != nil {
+	err := fs.Parse(args)
+	if err != nil {
 		return nil, err
 	}
 	if fs.NArg() > 0 {
 		return nil, fmt.Errorf("unexpected arguments: %v", fs.Args())
 	}
 	cfg.kvOptions = splitOptions(*kv)
+	if cfg.energy, err = parseEnergy(*en, cfg.workers); err != nil {
+		return nil, err
+	}
 	if !cfg.telemetry {
 		cfg.kvOptions = append(cfg.kvOptions, "telemetry off")
 	}
@@ -280,7 +286,8 @@ func (c *config) replayOptions(baseURL string, fleetBlocks, blockTokens int) rep
 		BlockTokens: blockTokens,
 		Workers:     c.workers,
 		Timeout:     2 * time.Minute,
-		KeepRecords: c.jsonPath != "", // per-request records in the JSON output
+		// Per-request records in the JSON output; -energy charges each request to its worker.
+		KeepRecords: c.jsonPath != "" || c.energy != nil,
 	}
 	if c.verbose && isTerminal(os.Stderr) {
 		o.Progress = os.Stderr
@@ -316,6 +323,7 @@ type params struct {
 	KVCapacity      bool     `json:"kv_capacity"`         // upstreams annotated with their cache size
 	Telemetry       bool     `json:"telemetry"`           // kv_cache_aware reads the workers' metrics
 	SideLoad        int      `json:"side_load,omitempty"` // clients sending straight to the first worker
+	Energy          []string `json:"energy,omitempty"`    // per worker: prefill/decode energy per token
 	Slow            int      `json:"slow,omitempty"`      // the last N workers are SlowFactor× slower
 	SlowFactor      float64  `json:"slow_factor,omitempty"`
 	RestartAt       string   `json:"restart_at,omitempty"` // w0 restarted this long into each replay
@@ -330,6 +338,9 @@ func (c *config) params() params {
 	}
 	if c.fleet == "sim" {
 		p.Speed = c.speed
+	}
+	for _, e := range c.energy {
+		p.Energy = append(p.Energy, e.String())
 	}
 	if c.slow > 0 {
 		p.Slow, p.SlowFactor = c.slow, c.slowFactor

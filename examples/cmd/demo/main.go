@@ -120,6 +120,7 @@ func run(ctx context.Context, cfg *config) error {
 			out.Notes = append(notes, footnotes(results, cfg)...)
 			fmt.Println()
 			printComparison(os.Stdout, results, fl.Addrs(), cfg)
+			printEnergy(os.Stdout, results, cfg)
 			printLearned(os.Stdout, results, b.extras, cfg, b.fleetCharsPerToken())
 			pairedRatios(os.Stdout, results, b.extras)
 			feedbackRatios(os.Stdout, results, b.extras)

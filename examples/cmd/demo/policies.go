@@ -63,6 +63,9 @@ func variantPolicies(kvOptions []string) []policy {
 	return []policy{
 		{Name: "kv_cost", Module: "kv_cache_aware", Block: append(slices.Clone(kvOptions), "decision cost"), Suffix: " (decision cost)", Variant: true},
 		{Name: "kv_thresholds", Module: "kv_cache_aware", Block: append(slices.Clone(kvOptions), "decision thresholds"), Suffix: " (decision thresholds)", Variant: true},
+		// Without -energy's annotations every upstream costs the same joules and this is
+		// kv_cost.
+		{Name: "kv_energy", Module: "kv_cache_aware", Block: append(slices.Clone(kvOptions), "decision cost", "objective energy"), Suffix: " (objective energy)", Variant: true},
 	}
 }
 
@@ -103,8 +106,8 @@ func selectPolicies(cfg *config, bin *caddyBinary) ([]policy, []string, error) {
 		if name == "" {
 			continue
 		}
-		// A name wins over a label: the variants kv_cost and kv_thresholds share the label
-		// kv_cache_aware, and the last of them must not stand in for it.
+		// A name wins over a label: the variants kv_cost, kv_thresholds and kv_energy share
+		// the label kv_cache_aware, and the last of them must not stand in for it.
 		i := slices.IndexFunc(all, func(p policy) bool { return p.Name == name })
 		if i < 0 {
 			i = slices.IndexFunc(all, func(p policy) bool { return p.label() == name })

@@ -48,6 +48,7 @@ var reportTemplate = template.Must(template.New("report").Funcs(template.FuncMap
 	"verdict":   verdict,
 	"ms":        fmtMs,
 	"span":      fmtSpan,
+	"spanOf":    newSpan,
 	"perWorker": fmtPerWorker,
 	"f2":        func(x float64) string { return fmt.Sprintf("%.2f", x) },
 	"f3":        func(x float64) string { return fmt.Sprintf("%.3f", x) },
@@ -112,8 +113,8 @@ Wall time {{f0 .Out.WallSeconds}} s.</p>
 {{.LoadChart}}
 <p class="note">Dashed: an even share. Caddy names the upstream it dialed in a response header, so the counts come from the proxy.</p>
 <h2>Table</h2>
-<table><tr><th>policy</th><th>hit ratio</th><th>hit / ref</th><th>TTFT p50</th><th>TTFT p99</th><th>latency p50</th><th>latency p99</th><th>per worker</th><th>imbalance</th><th>errors</th></tr>
-{{range .Out.Policies}}<tr><td>{{.Label}}</td>{{with .Summary}}<td>{{span .HitRatio 3}}</td><td>{{f2 .HitOverReference}}</td><td>{{ms .TTFTP50Ms}}</td><td>{{ms .TTFTP99Ms}}</td><td>{{ms .LatencyP50Ms}}</td><td>{{ms .LatencyP99Ms}}</td><td>{{perWorker .}}</td><td>{{span .Imbalance 2}}</td><td>{{.Errors}}</td>{{end}}</tr>
+<table><tr><th>policy</th><th>hit ratio</th><th>hit / ref</th><th>TTFT p50</th><th>TTFT p99</th><th>latency p50</th><th>latency p99</th><th>per worker</th><th>imbalance</th><th>errors</th>{{if .Out.Params.Energy}}<th>J/request</th>{{end}}</tr>
+{{range .Out.Policies}}<tr><td>{{.Label}}</td>{{with .Summary}}<td>{{span .HitRatio 3}}</td><td>{{f2 .HitOverReference}}</td><td>{{ms .TTFTP50Ms}}</td><td>{{ms .TTFTP99Ms}}</td><td>{{ms .LatencyP50Ms}}</td><td>{{ms .LatencyP99Ms}}</td><td>{{perWorker .}}</td><td>{{span .Imbalance 2}}</td><td>{{.Errors}}</td>{{end}}{{if .Joules}}<td>{{span (spanOf .Joules) 1}}</td>{{end}}</tr>
 {{end}}</table>
 {{range .Out.Notes}}<p class="note">{{.}}</p>{{end}}
 {{end}}

@@ -101,12 +101,19 @@ func fmtPerWorker(s summary) string {
 func printComparison(w io.Writer, results []*policyResult, addrs []string, cfg *config) {
 	t := &table{header: []string{"policy", "hit ratio", "hit/ref", "TTFT p50", "TTFT p99",
 		"latency p50", "latency p99", "requests per worker", "imbalance", "errors"}}
+	if cfg.energy != nil {
+		t.header = append(t.header, "J/request")
+	}
 	var refs, infs []float64
 	for _, r := range results {
 		s := r.Summary
 		t.add(r.Label, fmtSpan(s.HitRatio, 3), fmt.Sprintf("%.2f", s.HitOverReference),
 			fmtMs(s.TTFTP50Ms), fmtMs(s.TTFTP99Ms), fmtMs(s.LatencyP50Ms), fmtMs(s.LatencyP99Ms),
 			fmtPerWorker(s), fmtSpan(s.Imbalance, 2), fmt.Sprint(s.Errors))
+		if cfg.energy != nil {
+			row := &t.rows[len(t.rows)-1]
+			*row = append(*row, fmtSpan(newSpan(r.Joules), 1))
+		}
 		for _, run := range r.Runs {
 			refs = append(refs, run.ReferenceHitRatio)
 			infs = append(infs, run.InfiniteHitRatio)
@@ -142,6 +149,13 @@ func footnotes(results []*policyResult, cfg *config) []string {
 	if cfg.slow > 0 {
 		notes = append(notes, fmt.Sprintf("slow workers: %s, %g× the prefill and decode time of the others.", slowNames(cfg.workers, cfg.slow), cfg.slowFactor))
 	}
+	if cfg.energy != nil {
+		var ws []string
+		for i, e := range cfg.energy {
+			ws = append(ws, fmt.Sprintf("w%d %s", i, e))
+		}
+		notes = append(notes, "J/request: each request charged at the worker that served it, (prompt - cached tokens) × its prefill energy + output tokens × its decode energy, per token prefill/decode: "+strings.Join(ws, ", ")+".")
+	}
 	if cfg.restartAt > 0 {
 		notes = append(notes, fmt.Sprintf("w0 restarted with an empty cache %v into each run.", cfg.restartAt))
 	}
@@ -167,4 +181,47 @@ func workerOrder(n int) string {
 		names[i] = fmt.Sprintf("w%d", i)
 	}
 	return strings.Join(names, "/")
+}
+
+// printEnergy prints, with -energy, each policy's joules per request and TTFT p99 over its
+// runs as medians (min-max), and each against kv_cache_aware with decision cost's (kv_cost)
+// when it ran: the trade the energy objective makes.
+func printEnergy(w io.Writer, results []*policyResult, cfg *config) {
+	if cfg.energy == nil {
+		return
+	}
+	var ref *policyResult
+	for _, r := range results {
+		if r.Policy == "kv_cost" {
+			ref = r
+		}
+	}
+	t := &table{header: []string{"policy", "J/request", "TTFT p99 ms"}}
+	if ref != nil {
+		t.header = append(t.header, "J ÷ kv_cost", "p99 ÷ kv_cost")
+	}
+	p99s := func(r *policyResult) []float64 {
+		xs := make([]float64, len(r.Runs))
+		for i, run := range r.Runs {
+			xs[i] = run.TTFTP99Ms
+		}
+		return xs
+	}
+	med := func(xs []float64, prec int) string {
+		m, lo, hi := medianSpan(xs)
+		return fmt.Sprintf("%.*f (%.*f-%.*f)", prec, m, prec, lo, prec, hi)
+	}
+	for _, r := range results {
+		row := []string{r.Label, med(r.Joules, 1), med(p99s(r), 0)}
+		if ref != nil {
+			jr, _, _ := medianSpan(ref.Joules)
+			pr, _, _ := medianSpan(p99s(ref))
+			jm, _, _ := medianSpan(r.Joules)
+			pm, _, _ := medianSpan(p99s(r))
+			row = append(row, fmt.Sprintf("%.3f", jm/jr), fmt.Sprintf("%.2f", pm/pr))
+		}
+		t.add(row...)
+	}
+	fmt.Fprintf(w, "\nenergy, medians over the runs (min-max):\n")
+	t.write(w)
 }

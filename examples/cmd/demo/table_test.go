@@ -99,4 +99,20 @@ func TestReport(t *testing.T) {
 	if _, err := json.Marshal(out); err != nil {
 		t.Errorf("output does not marshal: %v", err)
 	}
+	if strings.Contains(page, "J/request") {
+		t.Error("a report without -energy has a J/request column")
+	}
+
+	// With -energy, the joules per request as the table prints them.
+	out.Params.Energy = []string{"25mJ/150mJ", "40mJ/210mJ"}
+	out.Policies[0].Joules = []float64{44.25, 46.5}
+	if err := writeReport(path, out); err != nil {
+		t.Fatal(err)
+	}
+	if b, err = os.ReadFile(path); err != nil {
+		t.Fatal(err)
+	}
+	if page := string(b); !strings.Contains(page, "<th>J/request</th>") || !strings.Contains(page, "<td>45.4 (44.2-46.5)</td>") {
+		t.Errorf("report with -energy lacks the J/request column:\n%s", page)
+	}
 }
