@@ -11,15 +11,17 @@ import (
 // the choice is made on those. The signals are small functions over one candidate (match,
 // queue, speed, energy), combined in predict; the session and the objective read the result.
 //
-//	ttft = (queued + uncached) / speed
+//	ttft = (queued + uncached) / speed + slot wait
 //
 // queued: the prefill work ahead of the request there, in tokens: the uncached tokens of the
 // requests this replica and its peers sent that have not produced a first token (prefill.go),
 // or, when larger, the engine's own waiting queue (telemetry) at the mean uncached prompt
 // sent there. uncached: the request's prompt tokens minus those the candidate holds. speed:
 // the candidate's prefill speed, learned from its engine (learn.go), else the upstream
-// block's prefill_tokens_per_second, else DefaultPrefillTokensPerSecond. A term that delays a
-// first token on one candidate and not another (loading a LoRA adapter) adds to the sum.
+// block's prefill_tokens_per_second, else DefaultPrefillTokensPerSecond. slot wait: the time
+// the request waits for one of the candidate's batch slots when the requests in flight there
+// fill them (slotWait, slots.go; 0 until the slot count is learned). A term that delays a first
+// token on one candidate and not another (loading a LoRA adapter) adds to the sum.
 
 // Decision rules (the decision option).
 const (
@@ -44,6 +46,7 @@ type costPrediction struct {
 	uncached int64   // prompt tokens it would prefill
 	queued   int64   // prefill tokens ahead of the request there
 	speed    float64 // prefill tokens per second
+	slot     float64 // seconds waiting for a batch slot
 	ttft     float64 // seconds
 }
 
@@ -61,7 +64,8 @@ func (p *KVCacheAware) predict(cands []candidate, in costInputs) {
 		c.cost.uncached = uncachedTokens(c, in)
 		c.cost.queued = p.queuedTokens(c, in.now)
 		c.cost.speed = p.prefillSpeed(c)
-		c.cost.ttft = float64(c.cost.queued+c.cost.uncached)/c.cost.speed + adapterCost(c)*DefaultAdapterLoadSeconds
+		c.cost.slot = p.slotWait(c)
+		c.cost.ttft = float64(c.cost.queued+c.cost.uncached)/c.cost.speed + c.cost.slot + adapterCost(c)*DefaultAdapterLoadSeconds
 	}
 }
 
