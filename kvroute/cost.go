@@ -176,7 +176,9 @@ func forfeit(c, w *candidate) float64 {
 // byCost runs decision cost's choice among the candidates within the balance band: the count
 // of requests in flight is what the router sees at decision time of the decode batch a request
 // joins (an engine whose batch is full makes a new request wait for a slot, whatever its
-// prefill queue: measured, docs/benchmarks.md "Issue 23"), so the band still bounds it. Among
+// prefill queue: measured, docs/benchmarks.md "Issue 23"), so the band still bounds it until
+// the slot term (slotWait) can price that wait: an engine that never queues teaches no slot
+// count. Among
 // those, the candidate holding the longest prefix keeps the request while its predicted TTFT
 // is within ttft_slack of the best move, what a move forfeits counted (moveBound: "sticky
 // until saturated"); past it, the lowest predicted TTFT plus forfeit. With objective
