@@ -176,17 +176,16 @@ func forfeit(c, w *candidate) float64 {
 // byCost runs decision cost's choice among the candidates within the balance band: the count
 // of requests in flight is what the router sees at decision time of the decode batch a request
 // joins (an engine whose batch is full makes a new request wait for a slot, whatever its
-// prefill queue: measured, docs/benchmarks.md "Issue 23"), so the band still bounds it until
-// the slot term (slotWait) can price that wait: an engine that never queues teaches no slot
-// count. Among
-// those, the candidate holding the longest prefix keeps the request while its predicted TTFT
-// is within ttft_slack of the best move, what a move forfeits counted (moveBound: "sticky
-// until saturated"); past it, the lowest predicted TTFT plus forfeit. With objective
-// energy or carbon, the fewest predicted joules (grams) among those within ttft_slack of the
-// best, a move away from the warmest priced at the joules (grams) it forfeits. Ties go to the
-// less busy, then the one holding less, then at random. The path says why: prefix_hit when
-// the choice holds the longest match, imbalance when a candidate held more and its queue or
-// load made it too slow, fallback when none held any.
+// prefill queue: measured, docs/benchmarks.md "Issue 23"), so the band still bounds it where
+// the slot term (slotWait) cannot price that wait: an engine that never queues teaches no
+// slot count. Among those, the candidate holding the longest prefix keeps the request while
+// its predicted TTFT is within ttft_slack of the best move, what a move forfeits counted
+// (moveBound: "sticky until saturated"); past it, the lowest predicted TTFT plus forfeit. With
+// objective energy or carbon, the fewest predicted joules (grams) among those within
+// ttft_slack of the best, a move away from the warmest priced at the joules (grams) it
+// forfeits. Ties go to the less busy, then the one holding less, then at random. The path
+// says why: prefix_hit when the choice holds the longest match, imbalance when a candidate
+// held more and its queue or load made it too slow, fallback when none held any.
 func (p *KVCacheAware) byCost(cands []candidate, req *llmRequest, b band) (int, int) {
 	inBand := func(c *candidate) bool { return b.holds(c.load) }
 	var warmest *candidate
