@@ -160,6 +160,35 @@ func moveBound(cands []candidate, b band, w *candidate) float64 {
 	return ttftBound(best, b.slack)
 }
 
+// keepsWarm reports whether w, the candidate a request is warm on, keeps it: its predicted TTFT
+// within moveBound, and its wait for a batch slot beyond that of the best move no longer than
+// what that move costs (its prefill of the prompt and what it forfeits). ttft_slack is a
+// tolerance in units of that cost, for the churn a move brings to caches smaller than the
+// working set; a slot wait is not made of prefill work, and in a fleet whose decodes take far
+// longer than its prefills (llm-d's simulator: 2 slots, 0.4 s of decode against 10 ms of
+// prefill) a tolerance of 5 such costs let a warm engine keep requests until their wait was a
+// second or more (docs/benchmarks.md "Issue 23", "Slots"). Without a learned slot count every
+// slot wait is 0 and this is moveBound alone.
+func keepsWarm(cands []candidate, b band, w *candidate) bool {
+	if w.cost.ttft > moveBound(cands, b, w) {
+		return false
+	}
+	if w.cost.slot <= 0 {
+		return true
+	}
+	best, move := -1, math.Inf(1)
+	for i := range cands {
+		if c := &cands[i]; b.holds(c.load) && c.cost.ttft+forfeit(c, w) < move {
+			best, move = i, c.cost.ttft+forfeit(c, w)
+		}
+	}
+	if best < 0 || &cands[best] == w {
+		return true
+	}
+	c := &cands[best]
+	return w.cost.slot-c.cost.slot <= max(move-c.cost.slot, minSlackSeconds)
+}
+
 // forfeit is what sending the request to c instead of w gives away beyond c's predicted TTFT:
 // the prompt tokens w holds and c does not, at c's speed, once more. c prefills them now (its
 // TTFT counts that) and they take as much of c's cache, which the requests that were cached
@@ -206,7 +235,7 @@ func (p *KVCacheAware) byCost(cands []candidate, req *llmRequest, b band) (int, 
 		}
 		chosen = t.Best()
 	default:
-		if warmest != nil && warmest.cost.ttft <= moveBound(cands, b, warmest) {
+		if warmest != nil && keepsWarm(cands, b, warmest) {
 			chosen = w
 		}
 	}

@@ -86,21 +86,22 @@ func waitScrapes(t *testing.T, e *engine, n int64) {
 	waitUntil(t, 5*time.Second, func() bool { return e.scrapes.Load() >= from+n }, fmt.Sprintf("%d more readings of %s", n, e.name))
 }
 
-// slotScene is two engines behind decision cost: warm holds slotPrefix and four requests that
-// hang there (its own in flight: load 4), cold holds nothing. Both have learned a decode speed
-// of 100 tokens per second. teach sets warm's gauges to what the test wants learned, after the
-// four requests are in flight.
+// slotScene is two engines behind decision cost: warm holds slotPrefix and held requests that
+// hang there (its own in flight: its load), cold holds nothing. Both have learned a decode
+// speed of 100 tokens per second; expected_tokens is expected (no mean output is learned: the
+// engines export no started-request count), so a service time is expected / 100 seconds. The
+// tests then set warm's gauges to what they want learned.
 type slotScene struct {
 	warm, cold *engine
 	client     *http.Client
 }
 
-func newSlotScene(t *testing.T) *slotScene {
+func newSlotScene(t *testing.T, held, expected int) *slotScene {
 	t.Helper()
 	leakCheck(t)
 	engines := []*engine{newEngine(t, "u1", 1000), newEngine(t, "u2", 1000)}
 	feedDecode(t, engines...)
-	startCaddy(t, telemetryConfig(engines, "", "", "decision cost", "expected_tokens 400"))
+	startCaddy(t, telemetryConfig(engines, "", "", "decision cost", fmt.Sprintf("expected_tokens %d", expected)))
 	s := &slotScene{client: newClient(t, 30*time.Second)}
 	rep, resp := send(t, s.client, baseURL+"/v1/chat/completions", chatBody("m", slotPrefix, "warm up"))
 	if resp.StatusCode != http.StatusOK {
@@ -122,13 +123,13 @@ func newSlotScene(t *testing.T) *slotScene {
 			return l != nil && l.DecodeLearned && math.Abs(l.DecodeTokensPerSecond-100) < 1
 		}, "the decode speed of "+e.name+" learned")
 	}
-	// Four requests that hold the prefix hang on warm: each goes there by its prefix (nothing
-	// known of any slot yet, loads 0 to 3 within the balance band).
+	// Requests that hold the prefix hang on warm: each goes there by its prefix (nothing known
+	// of any slot yet, loads within the balance band).
 	s.warm.setHang(true)
 	t.Cleanup(func() { s.warm.setHang(false) })
 	var wg sync.WaitGroup
 	t.Cleanup(wg.Wait)
-	for i := range 4 {
+	for i := range held {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -177,7 +178,7 @@ func (s *slotScene) waitLoad(t *testing.T, n int64) {
 // slot, beyond ttft_slack 5 of the cold upstream's prefill of the prompt plus what the move
 // forfeits (2 × 2,000 tokens at 5,000 per second, 0.8 s: bound 4.8 s).
 func TestCostSlotsFullWarmLosesRequest(t *testing.T) {
-	s := newSlotScene(t)
+	s := newSlotScene(t, 4, 400)
 	s.warm.set(2, 2, "")
 	waitScrapes(t, s.warm, minSlotSamples+2)
 	s.waitLoad(t, 4)
@@ -189,10 +190,44 @@ func TestCostSlotsFullWarmLosesRequest(t *testing.T) {
 	}
 }
 
+// A warm upstream whose slot wait is within ttft_slack of the best move's TTFT, but longer than
+// what the move costs, loses the request: 3 in flight on 2 slots, one waiting, wait 0.5 × 4 s
+// = 2 s against a move to the cold upstream of 0.4 s of prefill and 0.4 s it forfeits (0.8 s,
+// bound 4.8 s). Sticky until saturated: a wait is not cache churn, and 5 move costs of it
+// would be a second or more in a fleet like llm-d's (keepsWarm).
+func TestCostSlotsWaitBeyondMoveCostLeaves(t *testing.T) {
+	s := newSlotScene(t, 3, 400)
+	s.warm.set(2, 1, "")
+	waitScrapes(t, s.warm, minSlotSamples+2)
+	s.waitLoad(t, 3)
+	if got := learnedField(t, s.warm.addr(), "slots"); got != 2 {
+		t.Errorf("learned slots %v, want 2", got)
+	}
+	if s.probe(t) {
+		t.Errorf("with a 2 s wait for a slot against a 0.8 s move, the warm upstream kept the request; want it sent to the cold upstream")
+	}
+}
+
+// A warm upstream whose slot wait is shorter than what a move costs keeps the request: the
+// same 3 in flight on 2 slots, a service time of 0.2 s (20 expected output tokens), a wait of
+// 0.1 s against the 0.8 s move.
+func TestCostSlotsShortWaitKeeps(t *testing.T) {
+	s := newSlotScene(t, 3, 20)
+	s.warm.set(2, 1, "")
+	waitScrapes(t, s.warm, minSlotSamples+2)
+	s.waitLoad(t, 3)
+	if got := learnedField(t, s.warm.addr(), "slots"); got != 2 {
+		t.Fatalf("learned slots %v, want 2", got)
+	}
+	if !s.probe(t) {
+		t.Errorf("with a 0.1 s wait for a slot against a 0.8 s move, the warm upstream lost the request")
+	}
+}
+
 // A warm upstream with free slots keeps the request: it learned 8 slots (8 running, 1 waiting,
 // read while others were sent there), then runs the 4 requests held there and queues none.
 func TestCostSlotsFreeWarmKeepsRequest(t *testing.T) {
-	s := newSlotScene(t)
+	s := newSlotScene(t, 4, 400)
 	s.warm.set(8, 1, "")
 	waitScrapes(t, s.warm, minSlotSamples+2)
 	s.warm.set(4, 0, "")
@@ -210,7 +245,7 @@ func TestCostSlotsFreeWarmKeepsRequest(t *testing.T) {
 // prefill queue's alone: no slot wait on any candidate, and the warm upstream keeps the
 // request, however many are in flight there.
 func TestCostSlotsUnlearnedChangeNothing(t *testing.T) {
-	s := newSlotScene(t)
+	s := newSlotScene(t, 4, 400)
 	s.warm.set(4, 0, "")
 	waitScrapes(t, s.warm, minSlotSamples+2)
 	s.waitLoad(t, 4)
