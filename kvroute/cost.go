@@ -11,15 +11,17 @@ import (
 // the choice is made on those. The signals are small functions over one candidate (match,
 // queue, speed, energy), combined in predict; the session and the objective read the result.
 //
-//	ttft = (queued + uncached) / speed
+//	ttft = (queued + uncached) / speed + slot wait
 //
 // queued: the prefill work ahead of the request there, in tokens: the uncached tokens of the
 // requests this replica and its peers sent that have not produced a first token (prefill.go),
 // or, when larger, the engine's own waiting queue (telemetry) at the mean uncached prompt
 // sent there. uncached: the request's prompt tokens minus those the candidate holds. speed:
 // the candidate's prefill speed, learned from its engine (learn.go), else the upstream
-// block's prefill_tokens_per_second, else DefaultPrefillTokensPerSecond. A term that delays a
-// first token on one candidate and not another (loading a LoRA adapter) adds to the sum.
+// block's prefill_tokens_per_second, else DefaultPrefillTokensPerSecond. slot wait: the time
+// the request waits for one of the candidate's batch slots when the requests in flight there
+// fill them (slotWait, slots.go; 0 until the slot count is learned). A term that delays a first
+// token on one candidate and not another (loading a LoRA adapter) adds to the sum.
 
 // Decision rules (the decision option).
 const (
@@ -44,6 +46,7 @@ type costPrediction struct {
 	uncached int64   // prompt tokens it would prefill
 	queued   int64   // prefill tokens ahead of the request there
 	speed    float64 // prefill tokens per second
+	slot     float64 // seconds waiting for a batch slot
 	ttft     float64 // seconds
 }
 
@@ -61,7 +64,8 @@ func (p *KVCacheAware) predict(cands []candidate, in costInputs) {
 		c.cost.uncached = uncachedTokens(c, in)
 		c.cost.queued = p.queuedTokens(c, in.now)
 		c.cost.speed = p.prefillSpeed(c)
-		c.cost.ttft = float64(c.cost.queued+c.cost.uncached)/c.cost.speed + adapterCost(c)*DefaultAdapterLoadSeconds
+		c.cost.slot = p.slotWait(c)
+		c.cost.ttft = float64(c.cost.queued+c.cost.uncached)/c.cost.speed + c.cost.slot + adapterCost(c)*DefaultAdapterLoadSeconds
 	}
 }
 
@@ -156,6 +160,35 @@ func moveBound(cands []candidate, b band, w *candidate) float64 {
 	return ttftBound(best, b.slack)
 }
 
+// keepsWarm reports whether w, the candidate a request is warm on, keeps it: its predicted TTFT
+// within moveBound, and its wait for a batch slot beyond that of the best move no longer than
+// what that move costs (its prefill of the prompt and what it forfeits). ttft_slack is a
+// tolerance in units of that cost, for the churn a move brings to caches smaller than the
+// working set; a slot wait is not made of prefill work, and in a fleet whose decodes take far
+// longer than its prefills (llm-d's simulator: 2 slots, 0.4 s of decode against 10 ms of
+// prefill) a tolerance of 5 such costs let a warm engine keep requests until their wait was a
+// second or more (docs/benchmarks.md "Issue 23", "Slots"). Without a learned slot count every
+// slot wait is 0 and this is moveBound alone.
+func keepsWarm(cands []candidate, b band, w *candidate) bool {
+	if w.cost.ttft > moveBound(cands, b, w) {
+		return false
+	}
+	if w.cost.slot <= 0 {
+		return true
+	}
+	best, move := -1, math.Inf(1)
+	for i := range cands {
+		if c := &cands[i]; b.holds(c.load) && c.cost.ttft+forfeit(c, w) < move {
+			best, move = i, c.cost.ttft+forfeit(c, w)
+		}
+	}
+	if best < 0 || &cands[best] == w {
+		return true
+	}
+	c := &cands[best]
+	return w.cost.slot-c.cost.slot <= max(move-c.cost.slot, minSlackSeconds)
+}
+
 // forfeit is what sending the request to c instead of w gives away beyond c's predicted TTFT:
 // the prompt tokens w holds and c does not, at c's speed, once more. c prefills them now (its
 // TTFT counts that) and they take as much of c's cache, which the requests that were cached
@@ -172,15 +205,16 @@ func forfeit(c, w *candidate) float64 {
 // byCost runs decision cost's choice among the candidates within the balance band: the count
 // of requests in flight is what the router sees at decision time of the decode batch a request
 // joins (an engine whose batch is full makes a new request wait for a slot, whatever its
-// prefill queue: measured, docs/benchmarks.md "Issue 23"), so the band still bounds it. Among
-// those, the candidate holding the longest prefix keeps the request while its predicted TTFT
-// is within ttft_slack of the best move, what a move forfeits counted (moveBound: "sticky
-// until saturated"); past it, the lowest predicted TTFT plus forfeit. With objective
-// energy or carbon, the fewest predicted joules (grams) among those within ttft_slack of the
-// best, a move away from the warmest priced at the joules (grams) it forfeits. Ties go to the
-// less busy, then the one holding less, then at random. The path says why: prefix_hit when
-// the choice holds the longest match, imbalance when a candidate held more and its queue or
-// load made it too slow, fallback when none held any.
+// prefill queue: measured, docs/benchmarks.md "Issue 23"), so the band still bounds it where
+// the slot term (slotWait) cannot price that wait: an engine that never queues teaches no
+// slot count. Among those, the candidate holding the longest prefix keeps the request while
+// its predicted TTFT is within ttft_slack of the best move, what a move forfeits counted
+// (moveBound: "sticky until saturated"); past it, the lowest predicted TTFT plus forfeit. With
+// objective energy or carbon, the fewest predicted joules (grams) among those within
+// ttft_slack of the best, a move away from the warmest priced at the joules (grams) it
+// forfeits. Ties go to the less busy, then the one holding less, then at random. The path
+// says why: prefix_hit when the choice holds the longest match, imbalance when a candidate
+// held more and its queue or load made it too slow, fallback when none held any.
 func (p *KVCacheAware) byCost(cands []candidate, req *llmRequest, b band) (int, int) {
 	inBand := func(c *candidate) bool { return b.holds(c.load) }
 	var warmest *candidate
@@ -201,7 +235,7 @@ func (p *KVCacheAware) byCost(cands []candidate, req *llmRequest, b band) (int, 
 		}
 		chosen = t.Best()
 	default:
-		if warmest != nil && warmest.cost.ttft <= moveBound(cands, b, warmest) {
+		if warmest != nil && keepsWarm(cands, b, warmest) {
 			chosen = w
 		}
 	}

@@ -105,6 +105,7 @@ type CandidateStatus struct {
 	UncachedTokens int64   `json:"uncached_tokens"`
 	QueuedTokens   int64   `json:"queued_tokens"`
 	PrefillSpeed   float64 `json:"prefill_tokens_per_second"`
+	SlotWait       float64 `json:"slot_wait_ms"` // of PredictedTTFT: the wait for a batch slot
 	PredictedTTFT  float64 `json:"predicted_ttft_ms"`
 }
 
@@ -123,7 +124,8 @@ func (r *decisionRing) snapshot() []DecisionStatus {
 			}
 			d.Candidates = append(d.Candidates, CandidateStatus{
 				Upstream: c.addr, MatchChars: c.match, UncachedTokens: c.cost.uncached,
-				QueuedTokens: c.cost.queued, PrefillSpeed: c.cost.speed, PredictedTTFT: finite(c.cost.ttft) * 1e3,
+				QueuedTokens: c.cost.queued, PrefillSpeed: c.cost.speed, SlotWait: finite(c.cost.slot) * 1e3,
+				PredictedTTFT: finite(c.cost.ttft) * 1e3,
 			})
 		}
 		out = append(out, d)

@@ -114,6 +114,7 @@ type upstreamLearn struct {
 	lastSent  [3]int64 // sent.requests, chars and matched at the previous interval
 	lastEnded int64    // sent.ended at the previous interval
 	lastRaw   int64    // the engine's load beyond this router's at the previous reading
+	slots     slotLearn
 
 	// answers are prefill speed samples from single answers (llm_feedback: learnAnswer), and
 	// answerSpeed their median (float64 bits; 0 until there are minSpeedSamples of them).
@@ -159,6 +160,10 @@ type learnedFigures struct {
 	PrefillFromAnswers    float64 `json:"prefill_tokens_per_second_from_answers,omitempty"`
 	DecodeTokensPerSecond float64 `json:"decode_tokens_per_second,omitempty"`
 	DecodeLearned         bool    `json:"decode_learned"`
+	// Slots is the requests the engine runs at once, learned from its gauges (slots.go; 0
+	// until learned); MeanOutputTokens its mean output per request (0 until learned).
+	Slots            int64   `json:"slots,omitempty"`
+	MeanOutputTokens float64 `json:"mean_output_tokens,omitempty"`
 	// FromPeer: the speeds are those the cluster replica that reads the engine learned.
 	FromPeer bool `json:"from_peer,omitempty"`
 	// EngineHitRatio is the engine's own prefix-cache hit ratio over the latest interval that
@@ -262,6 +267,7 @@ func (s *state) learnFrom(u *upstreamState, cur *telemetry.Snapshot) {
 		l.restartedAt.Store(time.Now().UnixNano())
 		l.restarts.Add(1)
 		l.prefill, l.decode, l.answers = nil, nil, nil
+		l.slots.reset()
 		l.answerSpeed.Store(0)
 		s.engineRestarted(cur.Key)
 	}
@@ -274,6 +280,7 @@ func (s *state) learnFrom(u *upstreamState, cur *telemetry.Snapshot) {
 			d.GenerationTokens >= minSampleTokens && d.DecodeSeconds >= minSampleSeconds {
 			l.decode = pushSample(l.decode, d.GenerationTokens/d.DecodeSeconds)
 		}
+		l.slots.observeOutput(d)
 		if d.Known.Has(telemetry.HasPromptTokens) {
 			l.engPrompt.add(d.PromptTokens)
 		}
@@ -299,6 +306,8 @@ func (s *state) learnFrom(u *upstreamState, cur *telemetry.Snapshot) {
 	if v, ok := median(l.decode); ok {
 		f.DecodeTokensPerSecond, f.DecodeLearned = v, true
 	}
+	l.slots.observe(&cur.Reading)
+	f.Slots, f.MeanOutputTokens = l.slots.figures()
 	if p := l.peer.Load(); p != nil && !f.PrefillLearned && !f.DecodeLearned && time.Since(p.At) < peerLearnedLifetime {
 		// A replica that adopts the owner's readings gets no totals, so learns nothing.
 		f.PrefillTokensPerSecond, f.PrefillLearned = p.PrefillTokensPerSecond, p.PrefillTokensPerSecond > 0

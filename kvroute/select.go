@@ -300,10 +300,10 @@ func (b band) holds(load int64) bool {
 
 // keeps reports whether a session bound to cands[i] stays there: its load is within the band
 // and, with decision cost, its predicted TTFT within ttft_slack of the best place to move the
-// request to, counting what the move forfeits (moveBound).
+// request to, counting what the move forfeits (keepsWarm).
 func (b band) keeps(cands []candidate, i int) bool {
 	c := &cands[i]
-	return b.holds(c.load) && (!b.cost || c.cost.ttft <= moveBound(cands, b, c))
+	return b.holds(c.load) && (!b.cost || keepsWarm(cands, b, c))
 }
 
 // heldElsewhere reports whether a candidate in the band holds at least one KV block

@@ -1,0 +1,132 @@
+package kvroute
+
+import (
+	"slices"
+
+	"github.com/kvroute/caddy-kvroute/kvroute/telemetry"
+)
+
+// The slot signal of decision cost: an engine runs at most a fixed number of requests at once
+// (vLLM's and llm-d's --max-num-seqs, SGLang's --max-running-requests, llama.cpp's --parallel),
+// and a request that arrives while every slot is busy waits for a running request to finish
+// its decode before its own prefill starts. In the demo's fleets a decode (hundreds of output
+// tokens at 2 ms each) takes far longer than a prefill (thousands of tokens at 50 µs each), so
+// on a full engine that wait is most of the time to first token, and the prefill queue alone
+// does not see it (measured: docs/benchmarks.md "Issue 23", "Slots").
+//
+// No engine exports its slot count: vLLM's metrics carry CacheConfig (vllm:cache_config_info),
+// not the scheduler's max_num_seqs, and SGLang's capacity gauge (max_running_requests_under_SLO)
+// has no setter in its scheduler. It is learned from the readings instead: an engine that
+// reports requests waiting runs as many as it can, so its running count then is its capacity
+// (or, when its KV cache is what holds the queue back, the capacity that cache allows, which is
+// the one that counts). The figure is the median of the latest slotWindow such readings, once
+// there are minSlotSamples: one odd reading (a request that finished between the two gauges'
+// updates, a preemption) does not move it.
+const (
+	slotWindow     = 5
+	minSlotSamples = 3
+	// maxSlots bounds a plausible slot count: vLLM's default max_num_seqs is 256 to 1,024, a
+	// reading far beyond is no engine's.
+	maxSlots = 1 << 16
+	// maxSlotWaitSeconds bounds the predicted wait: whatever the figures, the prediction stays
+	// a finite number of seconds that converts to a deadline in nanoseconds.
+	maxSlotWaitSeconds = 3600.0
+	// minOutputRequests is how many requests an interval window must count before the mean
+	// output is learned from it.
+	minOutputRequests = 4
+)
+
+// slotLearn is what the readings teach about an upstream's batch: owned by its scrape
+// goroutine (under upstreamLearn.mu), published in learnedFigures.
+type slotLearn struct {
+	samples []int64 // running counts of the latest readings that reported a queue
+	// outputs are the latest intervals' generation tokens and started requests, for the
+	// mean output per request.
+	outputs [speedWindow][2]float64
+	nOut    int
+}
+
+// observe takes in one reading's gauges: a queue with requests running is a sample of the
+// capacity. A reading without both gauges, with nothing running (an engine starting, a gauge
+// not updated yet), or beyond maxSlots is no sample.
+func (s *slotLearn) observe(r *telemetry.Reading) {
+	if !r.Known.Has(telemetry.HasRunning|telemetry.HasWaiting) || r.Waiting <= 0 || r.Running <= 0 || r.Running > maxSlots {
+		return
+	}
+	if len(s.samples) == slotWindow {
+		s.samples = append(s.samples[:0], s.samples[1:]...)
+	}
+	s.samples = append(s.samples, r.Running)
+}
+
+// observeOutput takes in one interval's generation tokens and the requests the engine started
+// (its prefill-time or TTFT count): their ratio over the latest intervals is the mean output
+// per request. Tokens and requests are summed over the window, not averaged per interval: a
+// request's tokens fall in the intervals it decodes in, its start in one.
+func (s *slotLearn) observeOutput(d *telemetry.Delta) {
+	started, ok := 0.0, false
+	switch {
+	case d.Known.Has(telemetry.HasTTFT) && d.TTFT != nil:
+		started, ok = d.TTFT.Count, true
+	case d.Known.Has(telemetry.HasPrefillTime):
+		started, ok = d.PrefillRequests, true
+	}
+	if !ok || !d.Known.Has(telemetry.HasGenerationTokens) || !(started >= 0) || !(d.GenerationTokens >= 0) {
+		return
+	}
+	s.outputs[s.nOut%speedWindow] = [2]float64{d.GenerationTokens, started}
+	s.nOut++
+}
+
+// reset forgets everything: a restarted engine may run with other settings.
+func (s *slotLearn) reset() { *s = slotLearn{samples: s.samples[:0]} }
+
+// figures returns the learned slot count (0: none) and mean output tokens per request (0:
+// none).
+func (s *slotLearn) figures() (slots int64, meanOutput float64) {
+	if len(s.samples) >= minSlotSamples {
+		sorted := slices.Clone(s.samples)
+		slices.Sort(sorted)
+		slots = sorted[len(sorted)/2]
+	}
+	var tokens, requests float64
+	for i := range min(s.nOut, speedWindow) {
+		tokens += s.outputs[i][0]
+		requests += s.outputs[i][1]
+	}
+	if requests >= minOutputRequests {
+		meanOutput = tokens / requests
+	}
+	return slots, meanOutput
+}
+
+// slotWait is the slot signal: the seconds a request sent to c now waits for a batch slot.
+//
+//	wait = (in_flight + 1 − slots) / slots × output / decode_speed
+//
+// in_flight is c's load (this router's requests there, its peers' and the engine's external
+// ones: all that hold or wait for its slots); slots the learned count. When the request would
+// be one of the first `slots`, it waits for none. Beyond, each slot frees once per service
+// time, output / decode_speed (the mean output tokens per request, learned from the engine,
+// else expected_tokens, at the learned per-request decode speed): the k-th request past the
+// slots gets one after k / slots service times. This is the throughput view, not the residual
+// time of the running requests (unknown here: the router does not see how far along each is);
+// for the first one in line it overstates the wait by slots / (slots + 1) at most, and it is
+// exact on average for a queue that keeps the engine busy. Without a learned slot count or
+// decode speed, no term: the prediction is the prefill queue's alone.
+func (p *KVCacheAware) slotWait(c *candidate) float64 {
+	f := c.st.learn.figures.Load()
+	if f == nil || f.Slots <= 0 || !f.DecodeLearned || !(f.DecodeTokensPerSecond > 0) {
+		return 0
+	}
+	ahead := c.load + 1 - f.Slots
+	if ahead <= 0 {
+		return 0
+	}
+	output := f.MeanOutputTokens
+	if !(output > 0) {
+		output = float64(p.opts.expectedTokens)
+	}
+	wait := float64(ahead) / float64(f.Slots) * output / f.DecodeTokensPerSecond
+	return min(wait, maxSlotWaitSeconds)
+}
