@@ -64,7 +64,7 @@ func (p *KVCacheAware) predict(cands []candidate, in costInputs) {
 		c.cost.uncached = uncachedTokens(c, in)
 		c.cost.queued = p.queuedTokens(c, in.now)
 		c.cost.speed = p.prefillSpeed(c)
-		c.cost.slot = p.slotWait(c)
+		c.cost.slot = p.slotWait(c, in.now)
 		c.cost.ttft = float64(c.cost.queued+c.cost.uncached)/c.cost.speed + c.cost.slot + adapterCost(c)*DefaultAdapterLoadSeconds
 	}
 }

@@ -306,8 +306,9 @@ func (s *state) learnFrom(u *upstreamState, cur *telemetry.Snapshot) {
 	if v, ok := median(l.decode); ok {
 		f.DecodeTokensPerSecond, f.DecodeLearned = v, true
 	}
-	l.slots.observe(&cur.Reading)
-	f.Slots, f.MeanOutputTokens = l.slots.figures()
+	at := cur.Reading.At.UnixNano()
+	l.slots.observe(&cur.Reading, at)
+	f.Slots, f.MeanOutputTokens = l.slots.figures(at)
 	if p := l.peer.Load(); p != nil && !f.PrefillLearned && !f.DecodeLearned && time.Since(p.At) < peerLearnedLifetime {
 		// A replica that adopts the owner's readings gets no totals, so learns nothing.
 		f.PrefillTokensPerSecond, f.PrefillLearned = p.PrefillTokensPerSecond, p.PrefillTokensPerSecond > 0
@@ -552,7 +553,22 @@ func (s *state) adoptLearned(e cluster.EngineLearned) {
 	}
 	l.restartedAt.Store(at)
 	l.restarts.Add(1)
+	l.forgetSlots()
 	s.engineRestarted(e.Upstream)
+}
+
+// forgetSlots drops the slot count and mean output learned for the upstream's engine (a
+// restart a peer saw, its reader gone): the engine may come back with other settings, and a
+// stale figure would price a wait that is not there.
+func (l *upstreamLearn) forgetSlots() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.slots.reset()
+	if f := l.figures.Load(); f != nil && (f.Slots != 0 || f.MeanOutputTokens != 0) {
+		g := *f
+		g.Slots, g.MeanOutputTokens = 0, 0
+		l.figures.Store(&g)
+	}
 }
 
 // engineRestarted drops the upstream's share of every tree: its engine came back with an

@@ -2,6 +2,7 @@ package kvroute
 
 import (
 	"slices"
+	"time"
 
 	"github.com/kvroute/caddy-kvroute/kvroute/telemetry"
 )
@@ -21,7 +22,12 @@ import (
 // (or, when its KV cache is what holds the queue back, the capacity that cache allows, which is
 // the one that counts). The figure is the median of the latest slotWindow such readings, once
 // there are minSlotSamples: one odd reading (a request that finished between the two gauges'
-// updates, a preemption) does not move it.
+// updates, a preemption) does not move it. A queue can also form below the slot count (a
+// chunked-prefill token budget, a burst between two scheduler steps), and a figure learned too
+// low would keep the engine from ever queueing again to correct it: so a reading that shows
+// more running than the figure is a sample too, queue or not, and a sample stands
+// slotSampleLife at most (the term lapses, and the prediction is the prefill queue's alone,
+// until the engine queues again).
 const (
 	slotWindow     = 5
 	minSlotSamples = 3
@@ -34,29 +40,41 @@ const (
 	// minOutputRequests is how many requests an interval window must count before the mean
 	// output is learned from it.
 	minOutputRequests = 4
+	// slotSampleLife is how long a sample of the slot count stands: an engine reconfigured or
+	// replaced behind its address without a restart the counters show is relearned within it.
+	slotSampleLife = 5 * time.Minute
 )
 
 // slotLearn is what the readings teach about an upstream's batch: owned by its scrape
 // goroutine (under upstreamLearn.mu), published in learnedFigures.
 type slotLearn struct {
-	samples []int64 // running counts of the latest readings that reported a queue
+	samples []slotSample // the latest readings that reported a queue, or more running than the figure
 	// outputs are the latest intervals' generation tokens and started requests, for the
 	// mean output per request.
 	outputs [speedWindow][2]float64
 	nOut    int
 }
 
+// slotSample is one reading's running count, at the reading's time (unix nanoseconds).
+type slotSample struct{ running, at int64 }
+
 // observe takes in one reading's gauges: a queue with requests running is a sample of the
-// capacity. A reading without both gauges, with nothing running (an engine starting, a gauge
-// not updated yet), or beyond maxSlots is no sample.
-func (s *slotLearn) observe(r *telemetry.Reading) {
-	if !r.Known.Has(telemetry.HasRunning|telemetry.HasWaiting) || r.Waiting <= 0 || r.Running <= 0 || r.Running > maxSlots {
+// capacity, and so is more running than the figure learned at now. A reading without both
+// gauges, with nothing running (an engine starting, a gauge not updated yet), or beyond
+// maxSlots is no sample.
+func (s *slotLearn) observe(r *telemetry.Reading, now int64) {
+	if !r.Known.Has(telemetry.HasRunning|telemetry.HasWaiting) || r.Running <= 0 || r.Running > maxSlots {
 		return
+	}
+	if r.Waiting <= 0 {
+		if cur, _ := s.figures(now); cur <= 0 || r.Running <= cur {
+			return
+		}
 	}
 	if len(s.samples) == slotWindow {
 		s.samples = append(s.samples[:0], s.samples[1:]...)
 	}
-	s.samples = append(s.samples, r.Running)
+	s.samples = append(s.samples, slotSample{running: r.Running, at: now})
 }
 
 // observeOutput takes in one interval's generation tokens and the requests the engine started
@@ -81,13 +99,19 @@ func (s *slotLearn) observeOutput(d *telemetry.Delta) {
 // reset forgets everything: a restarted engine may run with other settings.
 func (s *slotLearn) reset() { *s = slotLearn{samples: s.samples[:0]} }
 
-// figures returns the learned slot count (0: none) and mean output tokens per request (0:
-// none).
-func (s *slotLearn) figures() (slots int64, meanOutput float64) {
-	if len(s.samples) >= minSlotSamples {
-		sorted := slices.Clone(s.samples)
-		slices.Sort(sorted)
-		slots = sorted[len(sorted)/2]
+// figures returns the slot count learned from the samples that stand at now (0: none) and
+// the mean output tokens per request (0: none).
+func (s *slotLearn) figures(now int64) (slots int64, meanOutput float64) {
+	var buf [slotWindow]int64
+	live := buf[:0]
+	for _, x := range s.samples {
+		if now-x.at <= int64(slotSampleLife) {
+			live = append(live, x.running)
+		}
+	}
+	if len(live) >= minSlotSamples {
+		slices.Sort(live)
+		slots = live[len(live)/2]
 	}
 	var tokens, requests float64
 	for i := range min(s.nOut, speedWindow) {
@@ -113,10 +137,15 @@ func (s *slotLearn) figures() (slots int64, meanOutput float64) {
 // time of the running requests (unknown here: the router does not see how far along each is);
 // for the first one in line it overstates the wait by slots / (slots + 1) at most, and it is
 // exact on average for a queue that keeps the engine busy. Without a learned slot count or
-// decode speed, no term: the prediction is the prefill queue's alone.
-func (p *KVCacheAware) slotWait(c *candidate) float64 {
+// decode speed, or without a fresh reading of the engine (telemetry off since, its reader
+// gone, its metrics failing: the figures may be another engine's by now), no term: the
+// prediction is the prefill queue's alone.
+func (p *KVCacheAware) slotWait(c *candidate, now int64) float64 {
 	f := c.st.learn.figures.Load()
 	if f == nil || f.Slots <= 0 || !f.DecodeLearned || !(f.DecodeTokensPerSecond > 0) {
+		return 0
+	}
+	if e := c.st.engine.Load(); e == nil || now > e.until {
 		return 0
 	}
 	ahead := c.load + 1 - f.Slots

@@ -83,7 +83,7 @@ func learnedField(t *testing.T, addr, field string) float64 {
 func waitScrapes(t *testing.T, e *engine, n int64) {
 	t.Helper()
 	from := e.scrapes.Load()
-	waitUntil(t, 5*time.Second, func() bool { return e.scrapes.Load() >= from+n }, fmt.Sprintf("%d more readings of %s", n, e.name))
+	waitUntil(t, 20*time.Second, func() bool { return e.scrapes.Load() >= from+n }, fmt.Sprintf("%d more readings of %s", n, e.name))
 }
 
 // slotScene is two engines behind decision cost: warm holds slotPrefix and held requests that
@@ -118,7 +118,7 @@ func newSlotScene(t *testing.T, held, expected int) *slotScene {
 				t.Logf("status: %s", body)
 			}
 		}()
-		waitUntil(t, 5*time.Second, func() bool {
+		waitUntil(t, 20*time.Second, func() bool {
 			l := upstreamStatus(t, e.addr()).Learned
 			return l != nil && l.DecodeLearned && math.Abs(l.DecodeTokensPerSecond-100) < 1
 		}, "the decode speed of "+e.name+" learned")
@@ -139,7 +139,7 @@ func newSlotScene(t *testing.T, held, expected int) *slotScene {
 				resp.Body.Close()
 			}
 		}()
-		waitUntil(t, 5*time.Second, func() bool { return s.warm.active.Load() == int64(i+1) }, fmt.Sprintf("held request %d on warm", i))
+		waitUntil(t, 20*time.Second, func() bool { return s.warm.active.Load() == int64(i+1) }, fmt.Sprintf("held request %d on warm", i))
 	}
 	if n := s.cold.hits.Load(); n != 0 {
 		t.Fatalf("%d held requests went to the cold upstream", n)
@@ -162,14 +162,14 @@ func (s *slotScene) probe(t *testing.T) (toWarm bool) {
 		}
 	}()
 	t.Cleanup(func() { s.warm.setHang(false); <-done })
-	waitUntil(t, 5*time.Second, func() bool { return s.warm.active.Load() > active || s.cold.hits.Load() > hits }, "the probe at an upstream")
+	waitUntil(t, 20*time.Second, func() bool { return s.warm.active.Load() > active || s.cold.hits.Load() > hits }, "the probe at an upstream")
 	return s.warm.active.Load() > active
 }
 
 // waitLoad waits until the warm upstream's load, as the decision sees it, is n.
 func (s *slotScene) waitLoad(t *testing.T, n int64) {
 	t.Helper()
-	waitUntil(t, 5*time.Second, func() bool { return upstreamStatus(t, s.warm.addr()).Load == n }, fmt.Sprintf("the warm upstream's load at %d", n))
+	waitUntil(t, 20*time.Second, func() bool { return upstreamStatus(t, s.warm.addr()).Load == n }, fmt.Sprintf("the warm upstream's load at %d", n))
 }
 
 // A warm upstream whose two slots are full and whose queue is two long (the engine reports 2
@@ -290,7 +290,7 @@ func TestCostSlotsBadReadings(t *testing.T) {
 		}
 	}
 	ask(0)
-	waitUntil(t, 5*time.Second, func() bool {
+	waitUntil(t, 20*time.Second, func() bool {
 		l := upstreamStatus(t, e.addr()).Learned
 		return l != nil && l.DecodeLearned
 	}, "the decode speed learned")
@@ -304,12 +304,12 @@ func TestCostSlotsBadReadings(t *testing.T) {
 	}
 	e.set(2, 2, "")
 	waitScrapes(t, e, minSlotSamples+2)
-	waitUntil(t, 5*time.Second, func() bool { return learnedField(t, e.addr(), "slots") == 2 }, "2 slots learned")
+	waitUntil(t, 20*time.Second, func() bool { return learnedField(t, e.addr(), "slots") == 2 }, "2 slots learned")
 	// The readers refuse a gauge beyond 10^9 (telemetry.Parse): just under it is the largest
 	// load a reading can bring.
 	e.set(999_999_999, 3, "")
 	waitScrapes(t, e, 3)
-	waitUntil(t, 5*time.Second, func() bool { return upstreamStatus(t, e.addr()).Load > 5e8 }, "the absurd load counted")
+	waitUntil(t, 20*time.Second, func() bool { return upstreamStatus(t, e.addr()).Load > 5e8 }, "the absurd load counted")
 	ask(10)
 	if got := learnedField(t, e.addr(), "slots"); got != 2 {
 		t.Errorf("after a reading of 999,999,999 running: %v slots, want 2 kept", got)
@@ -329,28 +329,99 @@ func TestCostSlotsBadReadings(t *testing.T) {
 // move it, a lasting change does.
 func TestSlotLearnMedian(t *testing.T) {
 	var s slotLearn
+	now := int64(1e18)
 	read := func(running, waiting int64) {
-		s.observe(&telemetry.Reading{Figures: telemetry.Figures{Running: running, Waiting: waiting, Known: telemetry.HasRunning | telemetry.HasWaiting}})
+		s.observe(&telemetry.Reading{Figures: telemetry.Figures{Running: running, Waiting: waiting, Known: telemetry.HasRunning | telemetry.HasWaiting}}, now)
 	}
 	read(2, 1)
 	read(2, 3)
-	if n, _ := s.figures(); n != 0 {
+	if n, _ := s.figures(now); n != 0 {
 		t.Errorf("after 2 readings: %d slots, want none yet", n)
 	}
 	read(7, 1) // one odd reading
-	read(2, 0) // no queue: no sample
+	read(2, 0) // no queue, no more than the figure: no sample
 	read(0, 4) // nothing running: no sample
-	if n, _ := s.figures(); n != 2 {
+	if n, _ := s.figures(now); n != 2 {
 		t.Errorf("2, 2 and one odd 7: %d slots, want 2", n)
 	}
 	for range slotWindow {
 		read(8, 2)
 	}
-	if n, _ := s.figures(); n != 8 {
+	if n, _ := s.figures(now); n != 8 {
 		t.Errorf("a lasting 8: %d slots, want 8", n)
 	}
 	s.reset()
-	if n, out := s.figures(); n != 0 || out != 0 {
+	if n, out := s.figures(now); n != 0 || out != 0 {
 		t.Errorf("after a reset: %d slots, %v output, want none", n, out)
+	}
+}
+
+// TestSlotLearnTooLowRecovers: a queue that formed below the slot count (a chunked-prefill
+// budget, a burst between scheduler steps) taught 2; the engine then runs 8 with no queue,
+// which a figure of 2 cannot explain: the figure follows, though the engine never queues again
+// (the slot term keeps traffic off a "full" engine, so it would not).
+func TestSlotLearnTooLowRecovers(t *testing.T) {
+	var s slotLearn
+	now := int64(1e18)
+	read := func(running, waiting int64) {
+		s.observe(&telemetry.Reading{Figures: telemetry.Figures{Running: running, Waiting: waiting, Known: telemetry.HasRunning | telemetry.HasWaiting}}, now)
+	}
+	for range minSlotSamples {
+		read(2, 1)
+	}
+	if n, _ := s.figures(now); n != 2 {
+		t.Fatalf("learned %d slots, want 2", n)
+	}
+	for range slotWindow {
+		read(8, 0)
+	}
+	if n, _ := s.figures(now); n != 8 {
+		t.Errorf("8 running without a queue against a figure of 2: %d slots, want 8", n)
+	}
+}
+
+// TestSlotLearnSamplesAge: a slot count stands slotSampleLife after its last sample, then
+// lapses (no term) until the engine queues again: an engine reconfigured behind its address
+// without a restart the counters show is not priced at its old batch forever.
+func TestSlotLearnSamplesAge(t *testing.T) {
+	var s slotLearn
+	now := int64(1e18)
+	for range minSlotSamples {
+		s.observe(&telemetry.Reading{Figures: telemetry.Figures{Running: 4, Waiting: 1, Known: telemetry.HasRunning | telemetry.HasWaiting}}, now)
+	}
+	if n, _ := s.figures(now + int64(slotSampleLife)); n != 4 {
+		t.Errorf("at the end of the samples' life: %d slots, want 4", n)
+	}
+	if n, _ := s.figures(now + int64(slotSampleLife) + 1); n != 0 {
+		t.Errorf("past the samples' life: %d slots, want none", n)
+	}
+}
+
+// TestSlotWaitNeedsAFreshReading: learned figures price a slot wait only while the engine's
+// reading is fresh; with telemetry off since, its reader gone or its metrics failing, the
+// figures may describe an engine that is no longer there.
+func TestSlotWaitNeedsAFreshReading(t *testing.T) {
+	p := &KVCacheAware{}
+	p.opts.expectedTokens = 100
+	u := &upstreamState{addr: "a:1"}
+	u.learn.figures.Store(&learnedFigures{Slots: 2, DecodeLearned: true, DecodeTokensPerSecond: 100})
+	c := candidate{st: u, load: 3}
+	now := time.Now().UnixNano()
+	if w := p.slotWait(&c, now); w != 0 {
+		t.Errorf("no reading of the engine: wait %v, want 0", w)
+	}
+	u.engine.Store(&engineView{until: now + int64(time.Second)})
+	if w := p.slotWait(&c, now); math.Abs(w-1) > 1e-9 {
+		t.Errorf("fresh reading, 3 in flight on 2 slots, 1 s of service: wait %v, want 1 s", w)
+	}
+	if w := p.slotWait(&c, now+int64(2*time.Second)); w != 0 {
+		t.Errorf("stale reading: wait %v, want 0", w)
+	}
+	u.learn.forgetSlots()
+	if f := u.learn.figures.Load(); f.Slots != 0 || !f.DecodeLearned {
+		t.Errorf("after forgetSlots: %+v, want no slots and the decode speed kept", f)
+	}
+	if w := p.slotWait(&c, now); w != 0 {
+		t.Errorf("slots forgotten: wait %v, want 0", w)
 	}
 }

@@ -410,6 +410,7 @@ func (s *state) forgetEngine(addr string) {
 		u := v.(*upstreamState)
 		u.engine.Store(nil)
 		u.telemetryUp.Store(false)
+		u.learn.forgetSlots()
 	}
 	s.mu.Lock()
 	if _, ok := s.tel.capacity[addr]; ok {
