@@ -94,16 +94,21 @@ func waitScrapes(t *testing.T, e *engine, n int64) {
 type slotScene struct {
 	warm, cold *engine
 	client     *http.Client
+	session    string // the probe's session id ("": none), bound to warm by the warm-up
 }
 
-func newSlotScene(t *testing.T, held, expected int) *slotScene {
+func newSlotScene(t *testing.T, held, expected int, session string) *slotScene {
 	t.Helper()
 	leakCheck(t)
 	engines := []*engine{newEngine(t, "u1", 1000), newEngine(t, "u2", 1000)}
 	feedDecode(t, engines...)
 	startCaddy(t, telemetryConfig(engines, "", "", "decision cost", fmt.Sprintf("expected_tokens %d", expected)))
-	s := &slotScene{client: newClient(t, 30*time.Second)}
-	rep, resp := send(t, s.client, baseURL+"/v1/chat/completions", chatBody("m", slotPrefix, "warm up"))
+	s := &slotScene{client: newClient(t, 30*time.Second), session: session}
+	var headers []string
+	if session != "" {
+		headers = []string{"X-Session-ID", session} // the session is bound where the warm-up goes
+	}
+	rep, resp := send(t, s.client, baseURL+"/v1/chat/completions", chatBody("m", slotPrefix, "warm up"), headers...)
 	if resp.StatusCode != http.StatusOK {
 		t.Fatalf("warm-up: status %d", resp.StatusCode)
 	}
@@ -157,6 +162,9 @@ func (s *slotScene) probe(t *testing.T) (toWarm bool) {
 		defer close(done)
 		body := chatBody("m", slotPrefix, "the probe's question")
 		req, _ := http.NewRequest(http.MethodPost, baseURL+"/v1/chat/completions", strings.NewReader(body))
+		if s.session != "" {
+			req.Header.Set("X-Session-ID", s.session)
+		}
 		if resp, err := s.client.Do(req); err == nil {
 			resp.Body.Close()
 		}
@@ -178,7 +186,7 @@ func (s *slotScene) waitLoad(t *testing.T, n int64) {
 // slot, beyond ttft_slack 5 of the cold upstream's prefill of the prompt plus what the move
 // forfeits (2 × 2,000 tokens at 5,000 per second, 0.8 s: bound 4.8 s).
 func TestCostSlotsFullWarmLosesRequest(t *testing.T) {
-	s := newSlotScene(t, 4, 400)
+	s := newSlotScene(t, 4, 400, "")
 	s.warm.set(2, 2, "")
 	waitScrapes(t, s.warm, minSlotSamples+2)
 	s.waitLoad(t, 4)
@@ -196,7 +204,7 @@ func TestCostSlotsFullWarmLosesRequest(t *testing.T) {
 // bound 4.8 s). Sticky until saturated: a wait is not cache churn, and 5 move costs of it
 // would be a second or more in a fleet like llm-d's (keepsWarm).
 func TestCostSlotsWaitBeyondMoveCostLeaves(t *testing.T) {
-	s := newSlotScene(t, 3, 400)
+	s := newSlotScene(t, 3, 400, "")
 	s.warm.set(2, 1, "")
 	waitScrapes(t, s.warm, minSlotSamples+2)
 	s.waitLoad(t, 3)
@@ -208,11 +216,26 @@ func TestCostSlotsWaitBeyondMoveCostLeaves(t *testing.T) {
 	}
 }
 
+// The same wait on the session's upstream: the session leaves it (the session path applies the
+// slot rule too), though the balance band and ttft_slack alone would keep it there.
+func TestCostSlotsSessionLeavesOnWait(t *testing.T) {
+	s := newSlotScene(t, 3, 400, "slot-session")
+	s.warm.set(2, 1, "")
+	waitScrapes(t, s.warm, minSlotSamples+2)
+	s.waitLoad(t, 3)
+	if got := learnedField(t, s.warm.addr(), "slots"); got != 2 {
+		t.Errorf("learned slots %v, want 2", got)
+	}
+	if s.probe(t) {
+		t.Errorf("with a 2 s wait for a slot against a 0.8 s move, the session's upstream kept the request; want it sent to the cold upstream")
+	}
+}
+
 // A warm upstream whose slot wait is shorter than what a move costs keeps the request: the
 // same 3 in flight on 2 slots, a service time of 0.2 s (20 expected output tokens), a wait of
 // 0.1 s against the 0.8 s move.
 func TestCostSlotsShortWaitKeeps(t *testing.T) {
-	s := newSlotScene(t, 3, 20)
+	s := newSlotScene(t, 3, 20, "")
 	s.warm.set(2, 1, "")
 	waitScrapes(t, s.warm, minSlotSamples+2)
 	s.waitLoad(t, 3)
@@ -227,7 +250,7 @@ func TestCostSlotsShortWaitKeeps(t *testing.T) {
 // A warm upstream with free slots keeps the request: it learned 8 slots (8 running, 1 waiting,
 // read while others were sent there), then runs the 4 requests held there and queues none.
 func TestCostSlotsFreeWarmKeepsRequest(t *testing.T) {
-	s := newSlotScene(t, 4, 400)
+	s := newSlotScene(t, 4, 400, "")
 	s.warm.set(8, 1, "")
 	waitScrapes(t, s.warm, minSlotSamples+2)
 	s.warm.set(4, 0, "")
@@ -245,7 +268,7 @@ func TestCostSlotsFreeWarmKeepsRequest(t *testing.T) {
 // prefill queue's alone: no slot wait on any candidate, and the warm upstream keeps the
 // request, however many are in flight there.
 func TestCostSlotsUnlearnedChangeNothing(t *testing.T) {
-	s := newSlotScene(t, 4, 400)
+	s := newSlotScene(t, 4, 400, "")
 	s.warm.set(4, 0, "")
 	waitScrapes(t, s.warm, minSlotSamples+2)
 	s.waitLoad(t, 4)
