@@ -174,6 +174,15 @@ func (s *slotScene) probe(t *testing.T) (toWarm bool) {
 	return s.warm.active.Load() > active
 }
 
+// read has the warm engine report running and waiting until the policy has read it enough
+// to learn from it, and waits until the warm upstream's load, as the decision sees it, is load.
+func (s *slotScene) read(t *testing.T, running, waiting int, load int64) {
+	t.Helper()
+	s.warm.set(running, waiting, "")
+	waitScrapes(t, s.warm, minSlotSamples+2)
+	s.waitLoad(t, load)
+}
+
 // waitLoad waits until the warm upstream's load, as the decision sees it, is n.
 func (s *slotScene) waitLoad(t *testing.T, n int64) {
 	t.Helper()
@@ -187,9 +196,7 @@ func (s *slotScene) waitLoad(t *testing.T, n int64) {
 // forfeits (2 × 2,000 tokens at 5,000 per second, 0.8 s: bound 4.8 s).
 func TestCostSlotsFullWarmLosesRequest(t *testing.T) {
 	s := newSlotScene(t, 4, 400, "")
-	s.warm.set(2, 2, "")
-	waitScrapes(t, s.warm, minSlotSamples+2)
-	s.waitLoad(t, 4)
+	s.read(t, 2, 2, 4)
 	if got := learnedField(t, s.warm.addr(), "slots"); got != 2 {
 		t.Errorf("learned slots %v, want 2 (the running count of readings with a queue)", got)
 	}
@@ -205,9 +212,7 @@ func TestCostSlotsFullWarmLosesRequest(t *testing.T) {
 // would be a second or more in a fleet like llm-d's (keepsWarm).
 func TestCostSlotsWaitBeyondMoveCostLeaves(t *testing.T) {
 	s := newSlotScene(t, 3, 400, "")
-	s.warm.set(2, 1, "")
-	waitScrapes(t, s.warm, minSlotSamples+2)
-	s.waitLoad(t, 3)
+	s.read(t, 2, 1, 3)
 	if got := learnedField(t, s.warm.addr(), "slots"); got != 2 {
 		t.Errorf("learned slots %v, want 2", got)
 	}
@@ -220,9 +225,7 @@ func TestCostSlotsWaitBeyondMoveCostLeaves(t *testing.T) {
 // slot rule too), though the balance band and ttft_slack alone would keep it there.
 func TestCostSlotsSessionLeavesOnWait(t *testing.T) {
 	s := newSlotScene(t, 3, 400, "slot-session")
-	s.warm.set(2, 1, "")
-	waitScrapes(t, s.warm, minSlotSamples+2)
-	s.waitLoad(t, 3)
+	s.read(t, 2, 1, 3)
 	if got := learnedField(t, s.warm.addr(), "slots"); got != 2 {
 		t.Errorf("learned slots %v, want 2", got)
 	}
@@ -236,9 +239,7 @@ func TestCostSlotsSessionLeavesOnWait(t *testing.T) {
 // 0.1 s against the 0.8 s move.
 func TestCostSlotsShortWaitKeeps(t *testing.T) {
 	s := newSlotScene(t, 3, 20, "")
-	s.warm.set(2, 1, "")
-	waitScrapes(t, s.warm, minSlotSamples+2)
-	s.waitLoad(t, 3)
+	s.read(t, 2, 1, 3)
 	if got := learnedField(t, s.warm.addr(), "slots"); got != 2 {
 		t.Fatalf("learned slots %v, want 2", got)
 	}
@@ -269,9 +270,7 @@ func TestCostSlotsFreeWarmKeepsRequest(t *testing.T) {
 // request, however many are in flight there.
 func TestCostSlotsUnlearnedChangeNothing(t *testing.T) {
 	s := newSlotScene(t, 4, 400, "")
-	s.warm.set(4, 0, "")
-	waitScrapes(t, s.warm, minSlotSamples+2)
-	s.waitLoad(t, 4)
+	s.read(t, 4, 0, 4)
 	if got := learnedField(t, s.warm.addr(), "slots"); got != 0 && !math.IsNaN(got) {
 		t.Errorf("learned slots %v from readings without a queue, want none", got)
 	}
