@@ -159,6 +159,26 @@ func TestSelectPolicies(t *testing.T) {
 			t.Errorf("-policies %s: no error", bad)
 		}
 	}
+	// Lines after ":" go into the block, and name the policy apart from the one without.
+	cfg.policies = "kv_cost, kv_cost:ttft_slack 1; balance_abs_threshold 2"
+	got, _, err = selectPolicies(cfg, bin)
+	if err != nil || len(got) != 2 {
+		t.Fatalf("-policies %q = %v, %v", cfg.policies, got, err)
+	}
+	if g := got[1]; g.Name != "kv_cost:ttft_slack 1; balance_abs_threshold 2" || g.Name == got[0].Name ||
+		strings.Join(g.Block, "|") != "decision cost|ttft_slack 1|balance_abs_threshold 2" ||
+		g.title() != "kv_cache_aware (decision cost; ttft_slack 1; balance_abs_threshold 2)" {
+		t.Errorf("-policies %q: second is %q, block %q, title %q", cfg.policies, g.Name, g.Block, g.title())
+	}
+	if strings.Join(got[0].Block, "|") != "decision cost" {
+		t.Errorf("-policies %q: kv_cost's block became %q", cfg.policies, got[0].Block)
+	}
+	for _, bad := range []string{"least_conn:ttft_slack 1", "kv_cost:", "kv_cost:x 1,kv_cost:x 1"} {
+		cfg.policies = bad
+		if _, _, err := selectPolicies(cfg, bin); err == nil {
+			t.Errorf("-policies %q: no error", bad)
+		}
+	}
 	cfg.policies = "none"
 	if got, _, err = selectPolicies(cfg, bin); err != nil || len(got) != 0 {
 		t.Errorf("-policies none = %v, %v", got, err)

@@ -92,7 +92,7 @@ func parseFlags(args []string) (*config, error) {
 	fs.IntVar(&cfg.workers, "workers", 4, "workers in the fleet")
 	fs.IntVar(&cfg.blocks, "cache-blocks", 0, fmt.Sprintf("prefix cache per worker in 16-token blocks (default: chat %d, mooncake %d)", chatBlocksPerWorker, mooncakeBlocksPerWorker))
 	fs.Float64Var(&cfg.speed, "speed", 0, fmt.Sprintf("sim fleet: simulated time runs this many times faster (default: chat 1, mooncake %d)", mooncakeSpeed))
-	fs.StringVar(&cfg.policies, "policies", "", "comma list of policies to run (kv_cache_aware, round_robin, least_conn, random, header, sglang_cache_aware, prefix_hash, and the variants kv_cost, kv_thresholds and kv_energy: kv_cache_aware with decision cost, decision thresholds, or decision cost with objective energy (see -energy); none: skip the comparison); default: all the Caddy binary has but the variants")
+	fs.StringVar(&cfg.policies, "policies", "", "comma list of policies to run (kv_cache_aware, round_robin, least_conn, random, header, sglang_cache_aware, prefix_hash, and the variants kv_cost, kv_thresholds and kv_energy: kv_cache_aware with decision cost, decision thresholds, or decision cost with objective energy (see -energy); kv_cache_aware or a variant followed by a colon and Caddyfile lines separated by semicolons adds them to its block, to compare settings in one run (e.g. kv_cost,kv_cost:ttft_slack 1, quoted for the shell); none: skip the comparison); default: all the Caddy binary has but the variants")
 	fs.IntVar(&cfg.repeats, "repeats", 1, "run each policy N times and report the mean and the min-max of hit ratio and imbalance")
 
 	fs.StringVar(&cfg.kind, "workload", "chat", "workload: chat (synthetic multi-turn conversations) or mooncake (the Mooncake trace)")

@@ -108,9 +108,13 @@ func selectPolicies(cfg *config, bin *caddyBinary) ([]policy, []string, error) {
 		}
 		// A name wins over a label: the variants kv_cost, kv_thresholds and kv_energy share
 		// the label kv_cache_aware, and the last of them must not stand in for it.
-		i := slices.IndexFunc(all, func(p policy) bool { return p.Name == name })
+		// "kv_cost:ttft_slack 1; balance_abs_threshold 2": the policy with these lines added
+		// to its block, so that settings compare in one run (-kv-options sets them for all).
+		base, extra, withLines := strings.Cut(name, ":")
+		base = strings.TrimSpace(base)
+		i := slices.IndexFunc(all, func(p policy) bool { return p.Name == base })
 		if i < 0 {
-			i = slices.IndexFunc(all, func(p policy) bool { return p.label() == name })
+			i = slices.IndexFunc(all, func(p policy) bool { return p.label() == base })
 		}
 		if i < 0 {
 			names := make([]string, len(all))
@@ -122,6 +126,25 @@ func selectPolicies(cfg *config, bin *caddyBinary) ([]policy, []string, error) {
 		p := all[i]
 		if !bin.has(policyModulePrefix + p.Module) {
 			return nil, nil, fmt.Errorf("-policies: %s has no %s module", cfg.caddy, policyModulePrefix+p.Module)
+		}
+		if withLines {
+			lines := splitOptions(extra)
+			if p.Module != "kv_cache_aware" || len(lines) == 0 {
+				return nil, nil, fmt.Errorf("-policies: %q: only kv_cache_aware and its variants take lines after \":\", and at least one", name)
+			}
+			if slices.ContainsFunc(out, func(q policy) bool { return q.Name == name }) {
+				return nil, nil, fmt.Errorf("-policies: %q named twice", name)
+			}
+			p.Name = base + ":" + strings.Join(lines, "; ")
+			p.Block = append(slices.Clone(p.Block), lines...)
+			p.Suffix = strings.TrimSuffix(p.Suffix, ")")
+			if p.Suffix == "" {
+				p.Suffix = " ("
+			} else {
+				p.Suffix += "; "
+			}
+			p.Suffix += strings.Join(lines, "; ") + ")"
+			p.Variant = true
 		}
 		out = append(out, p)
 	}
