@@ -145,6 +145,16 @@ func TestPrintEnergy(t *testing.T) {
 			t.Errorf("lacks %q:\n%s", want, got)
 		}
 	}
+	// A reference that spent 0 J (it reported no tokens) gives no ratio, not Inf.
+	b.Reset()
+	printEnergy(&b, []*policyResult{
+		{Policy: "kv_cost", Label: "kv_cache_aware (decision cost)", Joules: []float64{0, 0, 0}, Runs: runs(200, 300, 250)},
+		results[1],
+	}, &config{energy: []workerEnergy{{1, 1}}})
+	if got := b.String(); strings.Contains(got, "Inf") || strings.Contains(got, "NaN") ||
+		!strings.Contains(got, "90.0 (80.0-99.0)  260 (240-280)            -           1.04") {
+		t.Errorf("against a reference of 0 J:\n%s", got)
+	}
 	b.Reset()
 	printEnergy(&b, results, &config{})
 	if b.Len() != 0 {

@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"io"
+	"math"
 	"strings"
 	"unicode/utf8"
 )
@@ -218,10 +219,19 @@ func printEnergy(w io.Writer, results []*policyResult, cfg *config) {
 			pr, _, _ := medianSpan(p99s(ref))
 			jm, _, _ := medianSpan(r.Joules)
 			pm, _, _ := medianSpan(p99s(r))
-			row = append(row, fmt.Sprintf("%.3f", jm/jr), fmt.Sprintf("%.2f", pm/pr))
+			row = append(row, ratio(jm, jr, 3), ratio(pm, pr, 2))
 		}
 		t.add(row...)
 	}
 	fmt.Fprintf(w, "\nenergy, medians over the runs (min-max):\n")
 	t.write(w)
+}
+
+// ratio is a/b with prec decimals, or "-" when b is not a positive figure (a reference run
+// that reported no tokens spends 0 J).
+func ratio(a, b float64, prec int) string {
+	if !(b > 0) || math.IsNaN(a) {
+		return "-"
+	}
+	return fmt.Sprintf("%.*f", prec, a/b)
 }
