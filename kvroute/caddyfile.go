@@ -28,7 +28,7 @@ import (
 //		expected_tokens        256
 //		fallback               joule        # joule | carbon | least_busy | round_robin | random
 //		decision               thresholds   # thresholds | cost (docs/decision.md)
-//		objective              latency      # latency | energy | carbon (decision cost)
+//		objective              latency      # latency | completion | energy | carbon (decision cost)
 //		ttft_slack             5            # decision cost: a session stays while its TTFT is within (1+this) × the best move's
 //		explain_header         X-Kvroute-Decision   # off unless given
 //		telemetry {                         # on by default; `telemetry off` disables it

@@ -32,8 +32,11 @@ const (
 // Objectives of decision cost.
 const (
 	objectiveLatency = "latency"
-	objectiveEnergy  = "energy"
-	objectiveCarbon  = "carbon"
+	// objectiveCompletion: latency, a warm upstream also kept only while the request's decode
+	// there, at its engine's learned speed, is no slower than a move costs (keepsWarm).
+	objectiveCompletion = "completion"
+	objectiveEnergy     = "energy"
+	objectiveCarbon     = "carbon"
 )
 
 // minSlackSeconds is the least difference in predicted TTFT that moves a session: below one
@@ -48,6 +51,11 @@ type costPrediction struct {
 	speed    float64 // prefill tokens per second
 	slot     float64 // seconds waiting for a batch slot
 	ttft     float64 // seconds
+	// decode: seconds the request's output takes there at the engine's learned decode speed
+	// (0 where it is not learned); slower: what that is beyond the fastest candidate's, when
+	// more than decodeTolerance of it (else 0). Not part of the TTFT: keepsWarm and a move
+	// weigh slower.
+	decode, slower float64
 }
 
 // costInputs are what predict needs of the request, computed once per decision.
@@ -55,6 +63,7 @@ type costInputs struct {
 	prompt        int64   // the prompt's tokens
 	charsPerToken float64 // the model's
 	now           int64   // unix nanoseconds
+	output        float64 // the output tokens expected of the request (outputTokens)
 }
 
 // predict fills every candidate's prediction.
@@ -66,7 +75,65 @@ func (p *KVCacheAware) predict(cands []candidate, in costInputs) {
 		c.cost.speed = p.prefillSpeed(c)
 		c.cost.slot = p.slotWait(c, in.now)
 		c.cost.ttft = float64(c.cost.queued+c.cost.uncached)/c.cost.speed + c.cost.slot + adapterCost(c)*DefaultAdapterLoadSeconds
+		c.cost.decode = decodeTime(c, in.output)
 	}
+	markSlower(cands)
+}
+
+// markSlower sets each candidate's slower: its decode time beyond the fastest candidate's,
+// when more than decodeTolerance of it.
+func markSlower(cands []candidate) {
+	fastest := math.Inf(1)
+	for i := range cands {
+		if d := cands[i].cost.decode; d > 0 {
+			fastest = min(fastest, d)
+		}
+	}
+	for i := range cands {
+		c := &cands[i]
+		c.cost.slower = 0
+		if d := c.cost.decode - fastest; d > fastest*decodeTolerance {
+			c.cost.slower = d
+		}
+	}
+}
+
+// decodeTolerance is the share of the fastest candidate's decode time within which another's
+// is the same: like engines' learned decode speeds differ by a few percent from noise alone
+// (llm-d's simulator: 413 to 420 tokens per second per request), and ranking cold candidates
+// by that noise instead of their load would place requests at random.
+const decodeTolerance = 0.1
+
+// decodeTime is the decode signal: the seconds output tokens take on c at its engine's
+// learned per-request decode speed, 0 where none is learned (then it weighs nothing against
+// any candidate: keepsWarm compares differences, and an unknown speed is no evidence of one).
+func decodeTime(c *candidate, output float64) float64 {
+	f := c.st.learn.figures.Load()
+	if f == nil || !f.DecodeLearned || !(f.DecodeTokensPerSecond > 0) || !(output > 0) {
+		return 0
+	}
+	return output / f.DecodeTokensPerSecond
+}
+
+// decodeOutput is the output expected of a request for the decode signal, the same for every
+// candidate: the mean output per request the candidates' engines report (slots.go), else
+// expected_tokens; at most the request's max_tokens. 0 (no decode signal) unless the objective
+// is completion: objective latency ranks by the time to the first token alone.
+func (p *KVCacheAware) decodeOutput(cands []candidate, req *llmRequest) float64 {
+	if p.opts.objective != objectiveCompletion {
+		return 0
+	}
+	sum, n := 0.0, 0
+	for i := range cands {
+		if f := cands[i].st.learn.figures.Load(); f != nil && f.MeanOutputTokens > 0 {
+			sum, n = sum+f.MeanOutputTokens, n+1
+		}
+	}
+	out := meanOr(sum, n, float64(p.opts.expectedTokens))
+	if req.MaxTokens > 0 {
+		out = min(out, float64(req.MaxTokens))
+	}
+	return out
 }
 
 // DefaultAdapterLoadSeconds is what one LoRA adapter load adds to a request's time to first
@@ -161,32 +228,39 @@ func moveBound(cands []candidate, b band, w *candidate) float64 {
 }
 
 // keepsWarm reports whether w, the candidate a request is warm on, keeps it: its predicted TTFT
-// within moveBound, and its wait for a batch slot beyond that of the best move no longer than
-// what that move costs (its prefill of the prompt and what it forfeits). ttft_slack is a
-// tolerance in units of that cost, for the churn a move brings to caches smaller than the
-// working set; a slot wait is not made of prefill work, and in a fleet whose decodes take far
-// longer than its prefills (llm-d's simulator: 2 slots, 0.4 s of decode against 10 ms of
-// prefill) a tolerance of 5 such costs let a warm engine keep requests until their wait was a
-// second or more (docs/benchmarks.md "Issue 23", "Slots"). Without a learned slot count every
-// slot wait is 0 and this is moveBound alone.
+// within moveBound, and the time it costs beyond the best move in what is not prefill work
+// (its wait for a batch slot, and the request's decode at a slower engine) no longer than what
+// that move costs (its prefill of the prompt and what it forfeits). ttft_slack is a tolerance
+// in units of that cost, for the churn a move brings to caches smaller than the working set;
+// a slot wait or a slower decode is not made of prefill work, and in a fleet whose decodes
+// take far longer than its prefills (llm-d's simulator: 2 slots, 0.4 s of decode against 10 ms
+// of prefill) a tolerance of 5 such costs let a warm engine keep requests until their wait was
+// a second or more (docs/benchmarks.md "Issue 23", "Slots"); under objective completion, a warm
+// engine 4× slower at decode kept conversations whose every turn took a second longer there
+// than a move's 0.1 s ("Fifth round"). Without a learned slot count and a slower decode (the
+// decode signal is 0 under objective latency) this is moveBound alone.
 func keepsWarm(cands []candidate, b band, w *candidate) bool {
 	if w.cost.ttft > moveBound(cands, b, w) {
 		return false
 	}
-	if w.cost.slot <= 0 {
+	if w.cost.slot <= 0 && w.cost.slower <= 0 {
 		return true
 	}
+	// The best move: the alternative to w that costs least. (Were w that cheapest on its TTFT,
+	// the slot rule would keep it anyway: its slot wait beyond any alternative's is then less
+	// than that alternative costs; a slower decode is not in the TTFT.)
 	best, move := -1, math.Inf(1)
 	for i := range cands {
-		if c := &cands[i]; b.holds(c.load) && c.cost.ttft+forfeit(c, w) < move {
+		if c := &cands[i]; c != w && b.holds(c.load) && c.cost.ttft+forfeit(c, w) < move {
 			best, move = i, c.cost.ttft+forfeit(c, w)
 		}
 	}
-	if best < 0 || &cands[best] == w {
+	if best < 0 {
 		return true
 	}
 	c := &cands[best]
-	return w.cost.slot-c.cost.slot <= max(move-c.cost.slot, minSlackSeconds)
+	extra := w.cost.slot - c.cost.slot + w.cost.slower - c.cost.slower
+	return extra <= max(move-c.cost.slot, minSlackSeconds)
 }
 
 // forfeit is what sending the request to c instead of w gives away beyond c's predicted TTFT:
@@ -240,11 +314,13 @@ func (p *KVCacheAware) byCost(cands []candidate, req *llmRequest, b band) (int, 
 		}
 	}
 	if chosen < 0 {
-		// Past the bound, the move that costs least, what it forfeits included.
+		// Past the bound, the move that costs least, what it forfeits and a slower decode
+		// included (a warm upstream that lost the request on its decode must not win it back
+		// on its TTFT).
 		var t energy.Ranking
 		for i := range cands {
 			if c := &cands[i]; inBand(c) {
-				t.Offer(i, c.cost.ttft+forfeit(c, warmest), busyness(c), p.cachedTokens(c))
+				t.Offer(i, c.cost.ttft+forfeit(c, warmest)+c.cost.slower, busyness(c), p.cachedTokens(c))
 			}
 		}
 		chosen = max(0, t.Best()) // -1 only for NaN everywhere: any candidate is as good

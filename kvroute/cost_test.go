@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
@@ -490,5 +491,32 @@ func TestCostEnergyPricesWhatAMoveForfeits(t *testing.T) {
 	// A cold request still goes to the cheap upstream.
 	if got := pick(t, p, pool, "m", bigCold(1, 600)); got != "cheap:1" {
 		t.Errorf("a cold request went to %s; want cheap", got)
+	}
+}
+
+// markSlower counts a candidate's decode beyond the fastest one's only past decodeTolerance:
+// like engines' learned speeds differ by noise, and a noise-sized difference must leave the
+// ranking to the load. A candidate without a learned decode speed counts as no slower.
+func TestMarkSlower(t *testing.T) {
+	for _, tc := range []struct {
+		decode, want []float64
+	}{
+		{[]float64{1, 1.05, 1.09}, []float64{0, 0, 0}},         // within a tenth: the same
+		{[]float64{1, 4, 1.2}, []float64{0, 3, 0.2}},           // 4× slower: 3 s more
+		{[]float64{0, 2, 1}, []float64{0, 1, 0}},               // not learned: no evidence
+		{[]float64{0, 0}, []float64{0, 0}},                     // none learned
+		{[]float64{math.Inf(1), 1}, []float64{math.Inf(1), 0}}, // a speed of ~0: never chosen for it
+	} {
+		cands := make([]candidate, len(tc.decode))
+		for i, d := range tc.decode {
+			cands[i].cost.decode = d
+			cands[i].cost.slower = -1 // stale
+		}
+		markSlower(cands)
+		for i := range cands {
+			if got := cands[i].cost.slower; math.Abs(got-tc.want[i]) > 1e-9 && got != tc.want[i] {
+				t.Errorf("decode times %v: candidate %d slower by %v, want %v", tc.decode, i, got, tc.want[i])
+			}
+		}
 	}
 }

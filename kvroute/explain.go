@@ -107,6 +107,9 @@ type CandidateStatus struct {
 	PrefillSpeed   float64 `json:"prefill_tokens_per_second"`
 	SlotWait       float64 `json:"slot_wait_ms"` // of PredictedTTFT: the wait for a batch slot
 	PredictedTTFT  float64 `json:"predicted_ttft_ms"`
+	// Decode is the request's expected output at the engine's learned decode speed (after the
+	// first token; 0 when not learned).
+	Decode float64 `json:"decode_ms,omitempty"`
 }
 
 // snapshot returns the recorded decisions, newest first.
@@ -125,7 +128,7 @@ func (r *decisionRing) snapshot() []DecisionStatus {
 			d.Candidates = append(d.Candidates, CandidateStatus{
 				Upstream: c.addr, MatchChars: c.match, UncachedTokens: c.cost.uncached,
 				QueuedTokens: c.cost.queued, PrefillSpeed: c.cost.speed, SlotWait: finite(c.cost.slot) * 1e3,
-				PredictedTTFT: finite(c.cost.ttft) * 1e3,
+				PredictedTTFT: finite(c.cost.ttft) * 1e3, Decode: finite(c.cost.decode) * 1e3,
 			})
 		}
 		out = append(out, d)

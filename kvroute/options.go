@@ -222,10 +222,10 @@ var optionChecks = []struct {
 	}},
 	{"objective", func(s *settings) error {
 		switch s.objective {
-		case objectiveLatency, objectiveEnergy, objectiveCarbon:
+		case objectiveLatency, objectiveCompletion, objectiveEnergy, objectiveCarbon:
 			return nil
 		}
-		return fmt.Errorf("must be latency, energy or carbon, got %q", s.objective)
+		return fmt.Errorf("must be latency, completion, energy or carbon, got %q", s.objective)
 	}},
 	{"ttft_slack", func(s *settings) error {
 		if !(s.ttftSlack >= 0 && s.ttftSlack <= maxTTFTSlack) { // false for NaN too

@@ -31,7 +31,7 @@ func TestOptionChecksShared(t *testing.T) {
 		{"session_cookie kv:session", `{"session_cookie": {"name": "kv:session"}}`, "session_cookie: invalid cookie name"},
 		{"fallback cheapest", `{"fallback": "cheapest"}`, "fallback: unknown placement strategy"},
 		{"decision cheapest", `{"decision": "cheapest"}`, "decision: must be cost or thresholds"},
-		{"objective speed", `{"objective": "speed"}`, "objective: must be latency, energy or carbon"},
+		{"objective speed", `{"objective": "speed"}`, "objective: must be latency, completion, energy or carbon"},
 		{"ttft_slack -0.1", `{"ttft_slack": -0.1}`, "ttft_slack: must be a fraction between 0 and 100"},
 		{"ttft_slack 1000", `{"ttft_slack": 1000}`, "ttft_slack: must be a fraction between 0 and 100"},
 		{"explain_header \"X Why\"", `{"explain_header": "X Why"}`, "explain_header: \"X Why\" is not a valid HTTP header name"},

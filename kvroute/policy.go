@@ -61,9 +61,10 @@ type KVCacheAware struct {
 	// docs/decision.md) or thresholds (the balance band, cache_threshold and fallback, as
 	// SGLang's cache-aware router). Default: thresholds.
 	Decision string `json:"decision,omitempty"`
-	// decision cost: latency (the lowest predicted TTFT), energy or carbon (the fewest
-	// predicted joules or grams among the candidates within ttft_slack of the best). Default:
-	// latency.
+	// decision cost: latency (the lowest predicted TTFT), completion (latency, and a warm
+	// upstream or a session leaves an engine whose slower decode costs the request more than a
+	// move: docs/decision.md), energy or carbon (the fewest predicted joules or grams among the
+	// candidates within ttft_slack of the best). Default: latency.
 	Objective string `json:"objective,omitempty"`
 	// decision cost: a session or the warm upstream keeps a request while its predicted TTFT is
 	// within this fraction of the best move's (a move priced at what it forfeits), and energy

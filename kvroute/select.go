@@ -97,7 +97,7 @@ func (p *KVCacheAware) Select(pool reverseproxy.UpstreamPool, r *http.Request, w
 	band := p.bandOf(cands)
 	cost := p.opts.decision == decisionCost
 	if cost {
-		p.predict(cands, costInputs{prompt: estimate, charsPerToken: p.state.charsPerToken(req.Model), now: time.Now().UnixNano()})
+		p.predict(cands, costInputs{prompt: estimate, charsPerToken: p.state.charsPerToken(req.Model), now: time.Now().UnixNano(), output: p.decodeOutput(cands, req)})
 		band.cost, band.best, band.slack = true, bestTTFT(cands, band), p.opts.ttftSlack
 	}
 

@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -26,11 +27,19 @@ var slotPrefix = strings.Repeat("You are a careful assistant. ", 276)
 // unlearned and expected_tokens (400 here) stands in, a service time of 4 s.
 func feedDecode(t *testing.T, engines ...*engine) {
 	t.Helper()
+	feedDecodeAt(t, func(*engine) int { return 100 }, engines...)
+}
+
+// feedDecodeAt is feedDecode at rate(e) output tokens per second per request for each engine,
+// read at every step (a test may change it).
+func feedDecodeAt(t *testing.T, rate func(*engine) int, engines ...*engine) {
+	t.Helper()
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
+		tokens := make([]int64, len(engines))
 		tick := time.NewTicker(10 * time.Millisecond)
 		defer tick.Stop()
 		for n := 1; ; n++ {
@@ -40,15 +49,18 @@ func feedDecode(t *testing.T, engines ...*engine) {
 			case <-tick.C:
 			}
 			const l = `engine="0",model_name="m"`
-			page := fmt.Sprintf(`# TYPE vllm:generation_tokens_total counter
+			for i, e := range engines {
+				// Each step adds rate tokens and 1 s of decode: the totals only grow while
+				// the rate holds, so they are kept per engine.
+				tokens[i] += int64(rate(e))
+				page := fmt.Sprintf(`# TYPE vllm:generation_tokens_total counter
 vllm:generation_tokens_total{%[1]s} %[2]d
 # TYPE vllm:request_decode_time_seconds histogram
 vllm:request_decode_time_seconds_bucket{%[1]s,le="10"} %[3]d
 vllm:request_decode_time_seconds_bucket{%[1]s,le="+Inf"} %[3]d
 vllm:request_decode_time_seconds_sum{%[1]s} %[3]d
 vllm:request_decode_time_seconds_count{%[1]s} %[3]d
-`, l, 100*n, n)
-			for _, e := range engines {
+`, l, tokens[i], n)
 				e.mu.Lock()
 				e.extra = page
 				e.mu.Unlock()
@@ -95,15 +107,24 @@ type slotScene struct {
 	warm, cold *engine
 	client     *http.Client
 	session    string // the probe's session id ("": none), bound to warm by the warm-up
+	// decode is each engine's decode speed as its totals report it, tokens per second per
+	// request (100 until setDecode).
+	decode map[*engine]*atomic.Int64
+	// probeMaxTokens is the probe's max_tokens (0: chatBody's 16).
+	probeMaxTokens int
 }
 
-func newSlotScene(t *testing.T, held, expected int, session string) *slotScene {
+func newSlotScene(t *testing.T, held, expected int, session string, options ...string) *slotScene {
 	t.Helper()
 	leakCheck(t)
 	engines := []*engine{newEngine(t, "u1", 1000), newEngine(t, "u2", 1000)}
-	feedDecode(t, engines...)
-	startCaddy(t, telemetryConfig(engines, "", "", "decision cost", fmt.Sprintf("expected_tokens %d", expected)))
-	s := &slotScene{client: newClient(t, 30*time.Second), session: session}
+	s := &slotScene{client: newClient(t, 30*time.Second), session: session, decode: map[*engine]*atomic.Int64{}}
+	for _, e := range engines {
+		s.decode[e] = new(atomic.Int64)
+		s.decode[e].Store(100)
+	}
+	feedDecodeAt(t, func(e *engine) int { return int(s.decode[e].Load()) }, engines...)
+	startCaddy(t, telemetryConfig(engines, "", "", append([]string{"decision cost", fmt.Sprintf("expected_tokens %d", expected)}, options...)...))
 	var headers []string
 	if session != "" {
 		headers = []string{"X-Session-ID", session} // the session is bound where the warm-up goes
@@ -161,6 +182,9 @@ func (s *slotScene) probe(t *testing.T) (toWarm bool) {
 	go func() {
 		defer close(done)
 		body := chatBody("m", slotPrefix, "the probe's question")
+		if s.probeMaxTokens > 0 {
+			body = strings.Replace(body, `"max_tokens":16`, fmt.Sprintf(`"max_tokens":%d`, s.probeMaxTokens), 1)
+		}
 		req, _ := http.NewRequest(http.MethodPost, baseURL+"/v1/chat/completions", strings.NewReader(body))
 		if s.session != "" {
 			req.Header.Set("X-Session-ID", s.session)
@@ -181,6 +205,17 @@ func (s *slotScene) read(t *testing.T, running, waiting int, load int64) {
 	s.warm.set(running, waiting, "")
 	waitScrapes(t, s.warm, minSlotSamples+2)
 	s.waitLoad(t, load)
+}
+
+// setDecode has e's totals report tokens per second per request from now on, and waits
+// until the policy has learned it.
+func (s *slotScene) setDecode(t *testing.T, e *engine, tokensPerSecond int64) {
+	t.Helper()
+	s.decode[e].Store(tokensPerSecond)
+	waitUntil(t, 20*time.Second, func() bool {
+		l := upstreamStatus(t, e.addr()).Learned
+		return l != nil && l.DecodeLearned && math.Abs(l.DecodeTokensPerSecond-float64(tokensPerSecond)) < 0.5
+	}, fmt.Sprintf("a decode speed of %d learned for %s", tokensPerSecond, e.name))
 }
 
 // waitLoad waits until the warm upstream's load, as the decision sees it, is n.
@@ -262,6 +297,61 @@ func TestCostSlotsFreeWarmKeepsRequest(t *testing.T) {
 	}
 	if !s.probe(t) {
 		t.Errorf("with 4 of its 8 slots busy, the warm upstream lost the request")
+	}
+}
+
+// objective completion: a warm upstream whose engine decodes 4× slower than the cold one (25
+// output tokens per second per request against 100) loses the request: its 100 expected
+// output tokens (the probe's max_tokens 500 does not bound them) take 4 s there against 1 s,
+// and the move costs 0.8 s (the cold upstream's prefill of the 2,000-token prompt at 5,000
+// per second, and as much again for what it forfeits). Its TTFT is the lowest: under
+// objective latency it keeps the request.
+func TestCostCompletionSlowDecoderLosesWarmRequest(t *testing.T) {
+	for _, tc := range []struct {
+		objective string
+		toWarm    bool
+	}{{"completion", false}, {"latency", true}} {
+		t.Run(tc.objective, func(t *testing.T) {
+			s := newSlotScene(t, 0, 100, "", "objective "+tc.objective)
+			s.probeMaxTokens = 500
+			s.setDecode(t, s.warm, 25)
+			if got := s.probe(t); got != tc.toWarm {
+				t.Errorf("objective %s, with 3 s more of decode than a 0.8 s move: the probe went to the warm upstream %v, want %v", tc.objective, got, tc.toWarm)
+			}
+		})
+	}
+}
+
+// objective completion: a warm upstream a little slower at decode (80 tokens per second
+// against 100: 1.25 s against 1 s) keeps the request, the 0.25 s being less than the move
+// costs; and so does a session's upstream 4× slower when the request's max_tokens bounds its
+// output (the probe's 16 of the 100 expected: 0.64 s against 0.16 s).
+func TestCostCompletionSlightlySlowerDecoderKeeps(t *testing.T) {
+	t.Run("80 against 100", func(t *testing.T) {
+		s := newSlotScene(t, 0, 100, "", "objective completion")
+		s.probeMaxTokens = 500
+		s.setDecode(t, s.warm, 80)
+		if !s.probe(t) {
+			t.Errorf("with 0.25 s more of decode than the cold upstream against a 0.8 s move, the warm upstream lost the request")
+		}
+	})
+	t.Run("session, max_tokens 16", func(t *testing.T) {
+		s := newSlotScene(t, 0, 100, "decode-session", "objective completion")
+		s.setDecode(t, s.warm, 25)
+		if !s.probe(t) {
+			t.Errorf("with 0.48 s more of decode (16 tokens) against a 0.8 s move, the session's upstream lost the request")
+		}
+	})
+}
+
+// objective completion: a session leaves an upstream 4× slower at decode as a warm request
+// does (band.keeps).
+func TestCostCompletionSlowDecoderSessionLeaves(t *testing.T) {
+	s := newSlotScene(t, 0, 100, "decode-session", "objective completion")
+	s.probeMaxTokens = 500
+	s.setDecode(t, s.warm, 25)
+	if s.probe(t) {
+		t.Errorf("with 3 s more of decode than a 0.8 s move, the session's upstream kept the request")
 	}
 }
 
