@@ -75,13 +75,14 @@ func (p *KVCacheAware) predict(cands []candidate, in costInputs) {
 		c.cost.speed = p.prefillSpeed(c)
 		c.cost.slot = p.slotWait(c, in.now)
 		c.cost.ttft = float64(c.cost.queued+c.cost.uncached)/c.cost.speed + c.cost.slot + adapterCost(c)*DefaultAdapterLoadSeconds
-		c.cost.decode = decodeTime(c, in.output)
+		c.cost.decode = decodeTime(c, in.output, in.now)
 	}
 	markSlower(cands)
 }
 
-// markSlower sets each candidate's slower: its decode time beyond the fastest candidate's,
-// when more than decodeTolerance of it.
+// markSlower sets each candidate's slower: its decode time beyond the fastest candidate's
+// and a tolerance of decodeTolerance of it (continuous: a decode a hair past the tolerance is
+// a hair slower, not a tenth).
 func markSlower(cands []candidate) {
 	fastest := math.Inf(1)
 	for i := range cands {
@@ -92,7 +93,7 @@ func markSlower(cands []candidate) {
 	for i := range cands {
 		c := &cands[i]
 		c.cost.slower = 0
-		if d := c.cost.decode - fastest; d > fastest*decodeTolerance {
+		if d := c.cost.decode - fastest*(1+decodeTolerance); d > 0 {
 			c.cost.slower = d
 		}
 	}
@@ -105,31 +106,44 @@ func markSlower(cands []candidate) {
 const decodeTolerance = 0.1
 
 // decodeTime is the decode signal: the seconds output tokens take on c at its engine's
-// learned per-request decode speed, 0 where none is learned (then it weighs nothing against
-// any candidate: keepsWarm compares differences, and an unknown speed is no evidence of one).
-func decodeTime(c *candidate, output float64) float64 {
+// learned per-request decode speed; 0 where none is learned, or without a fresh reading of the
+// engine (as slotWait: with telemetry off since, its reader gone or its metrics failing, the
+// figure may be another engine's by now). A 0 weighs nothing against any candidate
+// (markSlower): an unknown speed is no evidence of a slow one.
+func decodeTime(c *candidate, output float64, now int64) float64 {
 	f := c.st.learn.figures.Load()
 	if f == nil || !f.DecodeLearned || !(f.DecodeTokensPerSecond > 0) || !(output > 0) {
+		return 0
+	}
+	if e := c.st.engine.Load(); e == nil || now > e.until {
 		return 0
 	}
 	return output / f.DecodeTokensPerSecond
 }
 
 // decodeOutput is the output expected of a request for the decode signal, the same for every
-// candidate: the mean output per request the candidates' engines report (slots.go), else
-// expected_tokens; at most the request's max_tokens. 0 (no decode signal) unless the objective
-// is completion: objective latency ranks by the time to the first token alone.
+// candidate: the mean of the mean outputs per request the candidates' engines report
+// (slots.go) when every one has reported one, else expected_tokens (the cluster does not carry
+// the mean output: a replica that reads only some engines must still compute the costs its
+// peers do); at most the request's max_tokens. 0 (no decode signal) unless the objective is
+// completion: objective latency ranks by the time to the first token alone.
 func (p *KVCacheAware) decodeOutput(cands []candidate, req *llmRequest) float64 {
 	if p.opts.objective != objectiveCompletion {
 		return 0
 	}
-	sum, n := 0.0, 0
+	sum := 0.0
 	for i := range cands {
-		if f := cands[i].st.learn.figures.Load(); f != nil && f.MeanOutputTokens > 0 {
-			sum, n = sum+f.MeanOutputTokens, n+1
+		f := cands[i].st.learn.figures.Load()
+		if f == nil || !(f.MeanOutputTokens > 0) {
+			sum = math.NaN()
+			break
 		}
+		sum += f.MeanOutputTokens
 	}
-	out := meanOr(sum, n, float64(p.opts.expectedTokens))
+	out := float64(p.opts.expectedTokens)
+	if sum > 0 {
+		out = sum / float64(len(cands))
+	}
 	if req.MaxTokens > 0 {
 		out = min(out, float64(req.MaxTokens))
 	}
@@ -246,19 +260,21 @@ func keepsWarm(cands []candidate, b band, w *candidate) bool {
 	if w.cost.slot <= 0 && w.cost.slower <= 0 {
 		return true
 	}
-	// The best move: the alternative to w that costs least. (Were w that cheapest on its TTFT,
-	// the slot rule would keep it anyway: its slot wait beyond any alternative's is then less
-	// than that alternative costs; a slower decode is not in the TTFT.)
-	best, move := -1, math.Inf(1)
+	// The best move: the alternative to w that costs least, its slower decode counted as the
+	// ranking of a move counts it (byCost). (Were w the cheapest on its TTFT, the slot rule
+	// would keep it anyway: its slot wait beyond any alternative's is then less than that
+	// alternative costs; a slower decode is not in the TTFT.)
+	best, rank := -1, math.Inf(1)
 	for i := range cands {
-		if c := &cands[i]; c != w && b.holds(c.load) && c.cost.ttft+forfeit(c, w) < move {
-			best, move = i, c.cost.ttft+forfeit(c, w)
+		if c := &cands[i]; c != w && b.holds(c.load) && c.cost.ttft+forfeit(c, w)+c.cost.slower < rank {
+			best, rank = i, c.cost.ttft+forfeit(c, w)+c.cost.slower
 		}
 	}
 	if best < 0 {
 		return true
 	}
 	c := &cands[best]
+	move := c.cost.ttft + forfeit(c, w)
 	extra := w.cost.slot - c.cost.slot + w.cost.slower - c.cost.slower
 	return extra <= max(move-c.cost.slot, minSlackSeconds)
 }
