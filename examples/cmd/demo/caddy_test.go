@@ -173,7 +173,15 @@ func TestSelectPolicies(t *testing.T) {
 	if strings.Join(got[0].Block, "|") != "decision cost" {
 		t.Errorf("-policies %q: kv_cost's block became %q", cfg.policies, got[0].Block)
 	}
-	for _, bad := range []string{"least_conn:ttft_slack 1", "kv_cost:", "kv_cost:x 1,kv_cost:x 1"} {
+	// A line that sets an option the block already sets replaces it (-kv-options', the
+	// variant's own): Caddy refuses an option given twice.
+	cfg.policies, cfg.kvOptions = "kv_cost:ttft_slack 1;objective completion", []string{"ttft_slack 2", "telemetry off"}
+	if got, _, err = selectPolicies(cfg, bin); err != nil || len(got) != 1 ||
+		strings.Join(got[0].Block, "|") != "ttft_slack 1|telemetry off|decision cost|objective completion" {
+		t.Errorf("-policies %q with -kv-options %q: %v, %v", cfg.policies, cfg.kvOptions, got, err)
+	}
+	cfg.kvOptions = nil
+	for _, bad := range []string{"least_conn:ttft_slack 1", "kv_cost:", "kv_cost:x 1,kv_cost:x 1", "kv_cost:x 1;y 2,kv_cost: x 1 ; y 2"} {
 		cfg.policies = bad
 		if _, _, err := selectPolicies(cfg, bin); err == nil {
 			t.Errorf("-policies %q: no error", bad)

@@ -110,7 +110,7 @@ func selectPolicies(cfg *config, bin *caddyBinary) ([]policy, []string, error) {
 		// the label kv_cache_aware, and the last of them must not stand in for it.
 		// "kv_cost:ttft_slack 1; balance_abs_threshold 2": the policy with these lines added
 		// to its block, so that settings compare in one run (-kv-options sets them for all).
-		base, extra, withLines := strings.Cut(name, ":")
+		base, extra, hasLines := strings.Cut(name, ":")
 		base = strings.TrimSpace(base)
 		i := slices.IndexFunc(all, func(p policy) bool { return p.Name == base })
 		if i < 0 {
@@ -127,16 +127,16 @@ func selectPolicies(cfg *config, bin *caddyBinary) ([]policy, []string, error) {
 		if !bin.has(policyModulePrefix + p.Module) {
 			return nil, nil, fmt.Errorf("-policies: %s has no %s module", cfg.caddy, policyModulePrefix+p.Module)
 		}
-		if withLines {
+		if hasLines {
 			lines := splitOptions(extra)
 			if p.Module != "kv_cache_aware" || len(lines) == 0 {
 				return nil, nil, fmt.Errorf("-policies: %q: only kv_cache_aware and its variants take lines after \":\", and at least one", name)
 			}
-			if slices.ContainsFunc(out, func(q policy) bool { return q.Name == name }) {
-				return nil, nil, fmt.Errorf("-policies: %q named twice", name)
-			}
 			p.Name = base + ":" + strings.Join(lines, "; ")
-			p.Block = append(slices.Clone(p.Block), lines...)
+			if slices.ContainsFunc(out, func(q policy) bool { return q.Name == p.Name }) {
+				return nil, nil, fmt.Errorf("-policies: %q named twice", p.Name)
+			}
+			p.Block = withLines(p.Block, lines)
 			p.Suffix = strings.TrimSuffix(p.Suffix, ")")
 			if p.Suffix == "" {
 				p.Suffix = " ("
@@ -149,4 +149,20 @@ func selectPolicies(cfg *config, bin *caddyBinary) ([]policy, []string, error) {
 		out = append(out, p)
 	}
 	return out, notes, nil
+}
+
+// withLines returns block with lines added, each in place of a line of block that sets the
+// same option (its first word): a Caddyfile block refuses an option given twice, and the
+// lines after a policy's colon are meant to override -kv-options and the variant's own.
+func withLines(block, lines []string) []string {
+	out := slices.Clone(block)
+	for _, l := range lines {
+		opt := strings.Fields(l)[0]
+		if i := slices.IndexFunc(out, func(b string) bool { f := strings.Fields(b); return len(f) > 0 && f[0] == opt }); i >= 0 {
+			out[i] = l
+		} else {
+			out = append(out, l)
+		}
+	}
+	return out
 }
