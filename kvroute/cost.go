@@ -21,7 +21,9 @@ import (
 // block's prefill_tokens_per_second, else DefaultPrefillTokensPerSecond. slot wait: the time
 // the request waits for one of the candidate's batch slots when the requests in flight there
 // fill them (slotWait, slots.go; 0 until the slot count is learned). A term that delays a first
-// token on one candidate and not another (loading a LoRA adapter) adds to the sum.
+// token on one candidate and not another (loading a LoRA adapter) adds to the sum. Under
+// objective completion each candidate also gets the request's decode time there (decodeTime),
+// kept apart from the TTFT.
 
 // Decision rules (the decision option).
 const (
@@ -52,9 +54,9 @@ type costPrediction struct {
 	slot     float64 // seconds waiting for a batch slot
 	ttft     float64 // seconds
 	// decode: seconds the request's output takes there at the engine's learned decode speed
-	// (0 where it is not learned); slower: what that is beyond the fastest candidate's, when
-	// more than decodeTolerance of it (else 0). Not part of the TTFT: keepsWarm and a move
-	// weigh slower.
+	// (0 where it is not learned, and under objectives other than completion); slower: what
+	// that is beyond (1 + decodeTolerance) × the fastest candidate's (else 0, markSlower). Not
+	// part of the TTFT: keepsWarm and a move weigh slower.
 	decode, slower float64
 }
 
@@ -63,7 +65,7 @@ type costInputs struct {
 	prompt        int64   // the prompt's tokens
 	charsPerToken float64 // the model's
 	now           int64   // unix nanoseconds
-	output        float64 // the output tokens expected of the request (outputTokens)
+	output        float64 // the output tokens expected of the request (decodeOutput)
 }
 
 // predict fills every candidate's prediction.
