@@ -117,10 +117,17 @@ func decodeTime(c *candidate, output float64, now int64) float64 {
 	if f == nil || !f.DecodeLearned || !(f.DecodeTokensPerSecond > 0) || !(output > 0) {
 		return 0
 	}
-	if e := c.st.engine.Load(); e == nil || now > e.until {
+	if !c.st.freshReading(now) {
 		return 0
 	}
 	return output / f.DecodeTokensPerSecond
+}
+
+// freshReading reports whether u's engine has a reading that still stands at now: the figures
+// learned from it are then its engine's, not those of one that has since taken its address.
+func (u *upstreamState) freshReading(now int64) bool {
+	e := u.engine.Load()
+	return e != nil && now <= e.until
 }
 
 // decodeOutput is the output expected of a request for the decode signal, the same for every
@@ -133,16 +140,15 @@ func (p *KVCacheAware) decodeOutput(cands []candidate, req *llmRequest) float64 
 	if p.opts.objective != objectiveCompletion {
 		return 0
 	}
-	sum := 0.0
+	out, sum := float64(p.opts.expectedTokens), 0.0
 	for i := range cands {
 		f := cands[i].st.learn.figures.Load()
 		if f == nil || !(f.MeanOutputTokens > 0) {
-			sum = math.NaN()
+			sum = 0 // one without: expected_tokens for all
 			break
 		}
 		sum += f.MeanOutputTokens
 	}
-	out := float64(p.opts.expectedTokens)
 	if sum > 0 {
 		out = sum / float64(len(cands))
 	}

@@ -145,7 +145,7 @@ func (p *KVCacheAware) slotWait(c *candidate, now int64) float64 {
 	if f == nil || f.Slots <= 0 || !f.DecodeLearned || !(f.DecodeTokensPerSecond > 0) {
 		return 0
 	}
-	if e := c.st.engine.Load(); e == nil || now > e.until {
+	if !c.st.freshReading(now) {
 		return 0
 	}
 	ahead := c.load + 1 - f.Slots
