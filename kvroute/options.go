@@ -13,6 +13,7 @@ import (
 
 	"github.com/kvroute/caddy-kvroute/energy"
 	"github.com/kvroute/caddy-kvroute/kvroute/cluster"
+	"github.com/kvroute/caddy-kvroute/kvroute/decide"
 )
 
 // Defaults of the policy's and the matcher's options: the one place where they are defined.
@@ -354,4 +355,31 @@ func or[T comparable](v, def T) T {
 		return def
 	}
 	return v
+}
+
+// core returns the options the decision reads (kvroute/decide), with a placer of its own for
+// the fallback (round_robin keeps its position in it).
+func (s settings) core() decide.Options {
+	o := decide.Options{
+		CacheThreshold:       s.cacheThreshold,
+		BalanceAbs:           s.absThreshold,
+		BalanceRel:           s.relThreshold,
+		LeastBusyOnImbalance: s.onImbalance != "prefix_in_band",
+		ExpectedTokens:       s.expectedTokens,
+		TTFTSlack:            s.ttftSlack,
+	}
+	strategy, _ := energy.ParseStrategy(s.fallback)
+	o.Placer = energy.NewPlacer(strategy)
+	if s.decision == decisionCost {
+		o.Rule = decide.Cost
+	}
+	switch s.objective {
+	case objectiveCompletion:
+		o.Objective = decide.Completion
+	case objectiveEnergy:
+		o.Objective = decide.Energy
+	case objectiveCarbon:
+		o.Objective = decide.Carbon
+	}
+	return o
 }

@@ -123,39 +123,3 @@ func (s *slotLearn) figures(now int64) (slots int64, meanOutput float64) {
 	}
 	return slots, meanOutput
 }
-
-// slotWait is the slot signal: the seconds a request sent to c now waits for a batch slot.
-//
-//	wait = (in_flight + 1 − slots) / slots × output / decode_speed
-//
-// in_flight is c's load (this router's requests there, its peers' and the engine's external
-// ones: all that hold or wait for its slots); slots the learned count. When the request would
-// be one of the first `slots`, it waits for none. Beyond, each slot frees once per service
-// time, output / decode_speed (the mean output tokens per request, learned from the engine,
-// else expected_tokens, at the learned per-request decode speed): the k-th request past the
-// slots gets one after k / slots service times. This is the throughput view, not the residual
-// time of the running requests (unknown here: the router does not see how far along each is);
-// for the first one in line it overstates the wait by slots / (slots + 1) at most, and it is
-// exact on average for a queue that keeps the engine busy. Without a learned slot count or
-// decode speed, or without a fresh reading of the engine (telemetry off since, its reader
-// gone, its metrics failing: the figures may be another engine's by now), no term: the
-// prediction is the prefill queue's alone.
-func (p *KVCacheAware) slotWait(c *candidate, now int64) float64 {
-	f := c.st.learn.figures.Load()
-	if f == nil || f.Slots <= 0 || !f.DecodeLearned || !(f.DecodeTokensPerSecond > 0) {
-		return 0
-	}
-	if !c.st.freshReading(now) {
-		return 0
-	}
-	ahead := c.load + 1 - f.Slots
-	if ahead <= 0 {
-		return 0
-	}
-	output := f.MeanOutputTokens
-	if !(output > 0) {
-		output = float64(p.opts.expectedTokens)
-	}
-	wait := float64(ahead) / float64(f.Slots) * output / f.DecodeTokensPerSecond
-	return min(wait, maxSlotWaitSeconds)
-}
