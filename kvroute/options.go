@@ -59,6 +59,7 @@ type settings struct {
 	evictionInterval time.Duration
 	maxTreeSize      int64
 	sessionHeader    string
+	sessionKey       string // sessionHeader in canonical form: looked up without a copy
 	sessionTTL       time.Duration
 	maxSessions      int
 	expectedTokens   int
@@ -88,6 +89,7 @@ func (p *KVCacheAware) settings(resolve bool) settings {
 		evictionInterval: or(time.Duration(p.EvictionInterval), DefaultEvictionInterval),
 		maxTreeSize:      or(p.MaxTreeSize, DefaultMaxTreeSize),
 		sessionHeader:    or(p.SessionHeader, DefaultSessionHeader),
+		sessionKey:       http.CanonicalHeaderKey(or(p.SessionHeader, DefaultSessionHeader)),
 		sessionTTL:       or(time.Duration(p.SessionTTL), DefaultSessionTTL),
 		maxSessions:      or(p.MaxSessions, DefaultMaxSessions),
 		expectedTokens:   or(p.ExpectedTokens, DefaultExpectedTokens),

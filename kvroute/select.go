@@ -69,17 +69,16 @@ func (p *KVCacheAware) Select(pool reverseproxy.UpstreamPool, r *http.Request, w
 	}
 	defer unlock() // a panic while deciding must not hold up every later decision
 
-	var ubuf [16]candidate
-	var dbuf [16]decide.Candidate
-	g := gathered{cands: ubuf[:0], snap: decide.Snapshot{Candidates: dbuf[:0]}}
-	if !p.gather(&g, pool, r, req, held) {
+	g := gatheredPool.Get().(*gathered)
+	defer g.release()
+	if !p.gather(g, pool, r, req, held) {
 		unlock()
 		req.untrack()
 		p.count(nil, req, pathNoCandidate)
 		return nil
 	}
 	res := decide.Decide(&p.core, &g.snap)
-	c := p.recordChoice(&g, r, req, res)
+	c := p.recordChoice(g, r, req, res)
 	unlock()
 	p.explain(w, req, c, int(res.Path))
 	return p.commit(r, w, req, c, treeName, g.sess, int(res.Path))
@@ -102,14 +101,26 @@ type gathered struct {
 	snap     decide.Snapshot
 	estimate int64 // the prompt's tokens
 	sess     sessionStep
+	// The candidates' storage, reused from decision to decision (gatheredPool): a decision
+	// allocates none for up to 16 candidates.
+	ubuf [16]candidate
+	dbuf [16]decide.Candidate
+}
+
+var gatheredPool = sync.Pool{New: func() any { return new(gathered) }}
+
+// release hands g back to gatheredPool, holding no upstream, profile or session.
+func (g *gathered) release() {
+	*g = gathered{}
+	gatheredPool.Put(g)
 }
 
 // gather reads the snapshot for one decision of req from the state; false when no upstream
 // of pool may take it.
 func (p *KVCacheAware) gather(g *gathered, pool reverseproxy.UpstreamPool, r *http.Request, req *llmRequest, held heldMatch) bool {
 	now := time.Now().UnixNano()
-	g.cands = p.candidates(g.cands, pool, req.Model, now)
-	dc := g.snap.Candidates
+	g.cands = p.candidates(g.ubuf[:0], pool, req.Model, now)
+	dc := g.dbuf[:0]
 	for i := range g.cands {
 		c := &g.cands[i]
 		dc = append(dc, decide.Candidate{
@@ -384,7 +395,7 @@ func (p *KVCacheAware) keepsBinding(pool reverseproxy.UpstreamPool, addr, model 
 // session cookie, else the body's prompt_cache_key. With session_cookie configured and no
 // session id at all, it issues a new cookie id; a retry keeps the id of the first attempt.
 func (p *KVCacheAware) sessionID(r *http.Request, req *llmRequest) (string, sessionSource) {
-	if v := r.Header.Get(p.opts.sessionHeader); v != "" {
+	if v := r.Header.Get(p.opts.sessionKey); v != "" {
 		return boundKey(v, maxSessionLen), fromHeader
 	}
 	if p.cookie != nil {
@@ -435,6 +446,9 @@ func (p *KVCacheAware) commit(r *http.Request, w http.ResponseWriter, req *llmRe
 	req.attempt.Store(a)
 	if len(req.tried) == 0 {
 		p.state.watchOutcome(r, req)
+	}
+	if req.tried == nil {
+		req.tried = req.triedBuf[:0]
 	}
 	req.tried = append(req.tried, c.up.Dial)
 	c.st.lastUsed.Store(now.UnixNano())
