@@ -43,16 +43,18 @@ type replayReq struct {
 	maxTokens int
 	hold      bool // stays in flight until the scene ends
 	prevResp  string
+	cookie    string // the session cookie to present (a value an earlier answer set)
 }
 
 // replay runs one scene and writes its record.
 type replayRun struct {
-	t     *testing.T
-	p     *KVCacheAware
-	out   *strings.Builder
-	step  int
-	held  []context.CancelFunc
-	scene string
+	t      *testing.T
+	p      *KVCacheAware
+	out    *strings.Builder
+	step   int
+	held   []context.CancelFunc
+	scene  string
+	cookie string // the latest session cookie an answer set ("name=value")
 }
 
 func (rp *replayRun) body(q replayReq) (string, string) {
@@ -78,6 +80,9 @@ func (rp *replayRun) request(q replayReq) (*http.Request, context.CancelFunc) {
 	r := httptest.NewRequest(http.MethodPost, path, strings.NewReader(body))
 	if q.session != "" {
 		r.Header.Set("X-Session-ID", q.session)
+	}
+	if q.cookie != "" {
+		r.Header.Set("Cookie", q.cookie)
 	}
 	ctx, cancel := context.WithCancel(context.WithValue(r.Context(), caddyhttp.VarsCtxKey, map[string]any{}))
 	return r.WithContext(ctx), cancel
@@ -115,6 +120,10 @@ func (rp *replayRun) decide(label string, pool reverseproxy.UpstreamPool, r *htt
 	fmt.Fprintf(rp.out, "%s %02d %-28s session=%q chars=%d max_tokens=%d -> %s path=%s\n", rp.scene, rp.step, label, q.session+q.cacheKey, len([]rune(q.prompt)), q.maxTokens, chosen, path)
 	if h := w.Header().Get("X-Why"); h != "" {
 		fmt.Fprintf(rp.out, "\texplain %s\n", h)
+	}
+	if c := w.Header().Get("Set-Cookie"); c != "" {
+		rp.cookie, _, _ = strings.Cut(c, ";")
+		fmt.Fprintf(rp.out, "\tcookie set (presented=%v)\n", q.cookie != "")
 	}
 	if rp.ringLen() != ring {
 		d := p.state.recent.snapshot()[0]
@@ -313,6 +322,31 @@ func costWorkload(rp *replayRun, pool reverseproxy.UpstreamPool) {
 	rp.endHeld(pool)
 }
 
+// cookieSessions issues session cookies and presents them back: a first binding waits in the
+// pending space, moves to the sessions once presented, and is kept (moved as it is) when its
+// upstream is out of band the first time the cookie comes back.
+func cookieSessions(rp *replayRun, pool reverseproxy.UpstreamPool) {
+	rp.feedbackFor(pool)
+	rp.warm(pool, 300)
+	conv := long("cookie conversation one", 1500)
+	rp.ask("no session: cookie issued", pool, replayReq{prompt: conv})
+	first := rp.cookie
+	home := rp.ask("cookie presented", pool, replayReq{prompt: conv + " turn two", cookie: first})
+	rp.ask("cookie presented again", pool, replayReq{prompt: conv + " turn two, three", cookie: first})
+	conv2 := long("cookie conversation two", 1800)
+	home2 := rp.ask("second client: cookie issued", pool, replayReq{prompt: conv2})
+	second := rp.cookie
+	for i := range 6 {
+		rp.ask(fmt.Sprintf("hold on %s %d", home2, i), newPool(home2), replayReq{prompt: long(coldPrompt(900+i), 400), hold: true})
+	}
+	rp.ask("second presented, out of band", pool, replayReq{prompt: conv2 + " turn two", cookie: second})
+	rp.ask("first, its upstream "+home, pool, replayReq{prompt: conv + " turn two, three, four", cookie: first})
+	rp.endHeld(pool)
+	rp.ask("second presented, back in band", pool, replayReq{prompt: conv2 + " turn two, three", cookie: second})
+	rp.ask("header wins over cookie", pool, replayReq{prompt: conv2 + " turn two, three", cookie: second, session: "h1"})
+	rp.ask("no cookie, prompt_cache_key", pool, replayReq{prompt: long(coldPrompt(950), 700), cacheKey: "k9"})
+}
+
 var replayScenes = []replayScene{
 	{
 		name: "thresholds/joule",
@@ -379,6 +413,28 @@ var replayScenes = []replayScene{
 			rp.p.state.bindResponse("resp_1", "b:1")
 			rp.ask("responses follow-up", pool, replayReq{prompt: "and then?", prevResp: "resp_1"})
 		},
+	},
+	{
+		name: "thresholds/cookie",
+		opts: func(p *KVCacheAware) {
+			p.Fallback, p.SessionCookie = "joule", &SessionCookie{Secret: testSecret}
+		},
+		ups: map[string]energy.Profile{
+			"a:1": {EnergyPerToken: 100e-6}, "b:1": {EnergyPerToken: 120e-6},
+			"c:1": {EnergyPerToken: 140e-6}, "d:1": {EnergyPerToken: 160e-6},
+		},
+		run: cookieSessions,
+	},
+	{
+		name: "cost/cookie",
+		opts: func(p *KVCacheAware) {
+			p.Decision, p.SessionCookie = decisionCost, &SessionCookie{Secret: testSecret}
+		},
+		ups: map[string]energy.Profile{
+			"a:1": {PrefillTokensPerSecond: 4000}, "b:1": {PrefillTokensPerSecond: 5000},
+			"c:1": {PrefillTokensPerSecond: 6000}, "d:1": {PrefillTokensPerSecond: 7000},
+		},
+		run: cookieSessions,
 	},
 	{
 		name: "cost/latency",
