@@ -134,9 +134,9 @@ func (e *pdEngine) serve(w http.ResponseWriter, r *http.Request) {
 // llm_disaggregate block, decodeOpts into the decode reverse_proxy's.
 func pdConfig(prefill, decode, opts, decodeOpts string) string {
 	return fmt.Sprintf(`{
-	admin localhost:2999
+	admin `+adminAddr+`
 	http_port %d
-	https_port 9443
+	https_port `+httpsPort+`
 	grace_period 1s
 }
 localhost:%d {

@@ -1,6 +1,6 @@
 package kvroute
 
-// The policy's own health through the in-process Caddy (caddytest, admin localhost:2999): only
+// The policy's own health through the in-process Caddy (caddytest, on free ports: ports_test.go): only
 // the upstream's own faults count, each attempt once; a client whose body breaks or that goes
 // away counts for nothing; a session leaves an upstream whose attempt failed; an upstream
 // dialled with a network prefix comes back; dead dynamic upstreams are forgotten, probes and
@@ -22,9 +22,9 @@ import (
 // before the proxy, policy into lb_policy, extra into reverse_proxy.
 func healthConfig(ups []string, policy, site, extra string) string {
 	return fmt.Sprintf(`{
-	admin localhost:2999
+	admin `+adminAddr+`
 	http_port %[1]d
-	https_port 9443
+	https_port `+httpsPort+`
 	grace_period 1s
 	log {
 		output discard

@@ -16,11 +16,10 @@ import (
 	"time"
 )
 
-const adminURL = "http://localhost:2999"
-
 // load posts a Caddyfile to the in-process Caddy's admin API.
 func load(t testing.TB, cfg string) {
 	t.Helper()
+	checkPorts(t, cfg)
 	captureCaddyLog(t)
 	resp, err := http.Post(adminURL+"/load", "text/caddyfile", strings.NewReader(cfg))
 	if err != nil {
