@@ -3,8 +3,10 @@ package kvroute
 import (
 	"fmt"
 	"os"
+	"path/filepath"
 	"testing"
 
+	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddytest"
 	_ "github.com/caddyserver/caddy/v2/modules/standard"
 )
@@ -17,7 +19,8 @@ func TestMain(m *testing.M) {
 	// where another run's Caddy would take this run's configs.
 	caddytest.Default.AdminPort = adminPort
 	// Its storage (the local CA of a TLS site, locks) and autosaved config in a directory of
-	// this run's, not the user's: two runs then share no file either.
+	// this run's, not the user's: two runs then share no file either. Caddy computed both
+	// paths when it was initialised, before TestMain: set them, not only the environment.
 	dir, err := os.MkdirTemp("", "kvroute-test-caddy-*")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "kvroute tests:", err)
@@ -25,6 +28,8 @@ func TestMain(m *testing.M) {
 	}
 	os.Setenv("XDG_DATA_HOME", dir)
 	os.Setenv("XDG_CONFIG_HOME", dir)
+	caddy.DefaultStorage.Path = filepath.Join(dir, "caddy")
+	caddy.ConfigAutosavePath = filepath.Join(dir, "autosave.json")
 	redirectCaddyLog()
 	code := m.Run()
 	os.RemoveAll(dir)
