@@ -1009,6 +1009,9 @@ func TestFaultUpstreamRemovedAndReadded(t *testing.T) {
 	var stop, late atomic.Bool
 	var served, failed, lateServed atomic.Int64
 	var wg sync.WaitGroup
+	// A failed wait below ends the test with the clients still sending: stop them before it
+	// completes (their Errorf after it would panic and end the whole run).
+	t.Cleanup(func() { stop.Store(true); wg.Wait() })
 	for w := 0; w < 4; w++ {
 		wg.Add(1)
 		go func(w int) {
