@@ -15,10 +15,9 @@ import (
 // (whose default is the fixed 2999).
 //
 // A port is free when picked and Caddy binds it at the first config: in between, only a
-// process that binds or connects from that very port can take it. Linux's connect() draws its
-// source ports from the other half of the range than bind(0) does, so that is rare; an admin
-// port taken by another Caddy is caught by startCaddy (the config does not reach this
-// process's state).
+// process that binds that very port, or connects from it, can take it (rare); an admin port
+// taken by another Caddy is caught by startCaddy (the config does not reach this process's
+// state).
 var (
 	testPorts = pickFreePorts(4)
 	adminPort = testPorts[0]
