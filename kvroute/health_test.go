@@ -305,7 +305,14 @@ func TestHealthDeadUpstreamsForgotten(t *testing.T) {
 			}
 			_, _, _ = post(t, c, "/v1/chat/completions", strings.NewReader(chatBody("m", coldPrompt(i))))
 		}
-		if n := probeGoroutines() - baseline; n != len(addrs) {
+		// An upstream is marked down, then its probe starts (after a log line): wait for the
+		// probes rather than count them the moment the last one is down.
+		n := probeGoroutines() - baseline
+		for deadline := time.Now().Add(10 * time.Second); n != len(addrs) && time.Now().Before(deadline); {
+			time.Sleep(10 * time.Millisecond)
+			n = probeGoroutines() - baseline
+		}
+		if n != len(addrs) {
 			t.Fatalf("%d probes running for %d down upstreams", n, len(addrs))
 		}
 		shortDynamicTTL(t, 300*time.Millisecond)
