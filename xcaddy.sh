@@ -129,7 +129,10 @@ test)
 		(cd "$dir" && go test -race -count 1 "$@" ./... 2>&1) | tee -a "$out" || ok=0
 		if ((ok)); then passed+=("$dir"); else failed+=("$dir"); fi
 	}
-	# -p 1: caddytest packages share the admin port 2999.
+	# -p 1 is no longer for ports (every test takes free ones: packages, and two runs on one
+	# machine, never meet on one) but for the CPU: some kvroute tests bound latencies and
+	# timings (the flood's decision p90, reloads under traffic, telemetry's queue) and fail on
+	# a small machine when other test binaries run beside them.
 	test_module . -p 1 "$@"
 	for mod in examples/*/go.mod kvroute/cluster/clustertest/go.mod; do
 		test_module "$(dirname "$mod")" "$@"

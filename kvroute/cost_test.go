@@ -446,7 +446,7 @@ func TestIntegrationCostExplainAndRecent(t *testing.T) {
 		}
 		homes = append(homes, rep.Upstream)
 	}
-	resp, err := http.Get("http://localhost:2999/kvroute/")
+	resp, err := http.Get(adminURL + "/kvroute/")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -110,9 +110,9 @@ func (d *dnsServer) seen(t *testing.T, client *http.Client, name string) {
 // dynamicConfig is a site whose LLM requests go to the upstreams a dynamic source names.
 func dynamicConfig(source string) string {
 	return fmt.Sprintf(`{
-	admin localhost:2999
+	admin `+adminAddr+`
 	http_port %d
-	https_port 9443
+	https_port `+httpsPort+`
 	grace_period 1s
 }
 localhost:%d {

@@ -46,9 +46,9 @@ func TestFeedbackOverheadMeasure(t *testing.T) {
 	leakCheck(t)
 	addr := strings.TrimPrefix(engine.URL, "http://")
 	startCaddy(t, fmt.Sprintf(`{
-	admin localhost:2999
+	admin `+adminAddr+`
 	http_port %d
-	https_port 9443
+	https_port `+httpsPort+`
 	grace_period 1s
 }
 http://localhost:%d {
@@ -70,10 +70,10 @@ http://localhost:%d {
 		flush_interval -1
 	}
 }
-`, httpPort, httpPort, addr, httpPort+1, addr))
+`, httpPort, httpPort, addr, httpPort2, addr))
 	body := chatBody("m", strings.Repeat("a system prompt. ", 50), "hi")
 	client := &http.Client{Timeout: time.Minute}
-	urls := [2]string{fmt.Sprintf("http://localhost:%d/v1/chat/completions", httpPort+1), baseURL + "/v1/chat/completions"}
+	urls := [2]string{fmt.Sprintf("http://localhost:%d/v1/chat/completions", httpPort2), baseURL + "/v1/chat/completions"}
 	first := func(url string, big bool, batch ...bool) (time.Duration, time.Duration) {
 		req, _ := http.NewRequest(http.MethodPost, url, strings.NewReader(body))
 		if big {

@@ -157,9 +157,9 @@ func (e *scriptEngine) setHold(on bool) {
 // feedbackConfig: llm_feedback in front of a kv_cache_aware reverse_proxy to addrs.
 func feedbackConfig(addrs, policy string) string {
 	return fmt.Sprintf(`{
-	admin localhost:2999
+	admin `+adminAddr+`
 	http_port %d
-	https_port 9443
+	https_port `+httpsPort+`
 	grace_period 1s
 }
 localhost:%d {

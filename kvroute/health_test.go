@@ -1,6 +1,6 @@
 package kvroute
 
-// The policy's own health through the in-process Caddy (caddytest, admin localhost:2999): only
+// The policy's own health through the in-process Caddy (caddytest, on free ports: ports_test.go): only
 // the upstream's own faults count, each attempt once; a client whose body breaks or that goes
 // away counts for nothing; a session leaves an upstream whose attempt failed; an upstream
 // dialled with a network prefix comes back; dead dynamic upstreams are forgotten, probes and
@@ -22,9 +22,9 @@ import (
 // before the proxy, policy into lb_policy, extra into reverse_proxy.
 func healthConfig(ups []string, policy, site, extra string) string {
 	return fmt.Sprintf(`{
-	admin localhost:2999
+	admin `+adminAddr+`
 	http_port %[1]d
-	https_port 9443
+	https_port `+httpsPort+`
 	grace_period 1s
 	log {
 		output discard
@@ -305,7 +305,14 @@ func TestHealthDeadUpstreamsForgotten(t *testing.T) {
 			}
 			_, _, _ = post(t, c, "/v1/chat/completions", strings.NewReader(chatBody("m", coldPrompt(i))))
 		}
-		if n := probeGoroutines() - baseline; n != len(addrs) {
+		// An upstream is marked down, then its probe starts (after a log line): wait for the
+		// probes rather than count them the moment the last one is down.
+		n := probeGoroutines() - baseline
+		for deadline := time.Now().Add(10 * time.Second); n != len(addrs) && time.Now().Before(deadline); {
+			time.Sleep(10 * time.Millisecond)
+			n = probeGoroutines() - baseline
+		}
+		if n != len(addrs) {
 			t.Fatalf("%d probes running for %d down upstreams", n, len(addrs))
 		}
 		shortDynamicTTL(t, 300*time.Millisecond)

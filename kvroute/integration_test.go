@@ -20,18 +20,13 @@ import (
 	"github.com/caddyserver/caddy/v2/caddytest"
 )
 
-const (
-	httpPort = 9080
-	baseURL  = "http://localhost:9080"
-)
-
 // proxyConfig is a Caddyfile with the llm_prompt matcher and kv_cache_aware in front of f;
 // policy is the body of the lb_policy block, extra goes into the reverse_proxy block.
 func proxyConfig(f fleet, matcher, policy, extra string) string {
 	return fmt.Sprintf(`{
-	admin localhost:2999
+	admin `+adminAddr+`
 	http_port %d
-	https_port 9443
+	https_port `+httpsPort+`
 	grace_period 1s
 }
 localhost:%d {
@@ -289,7 +284,7 @@ func padTo(t testing.TB, b []byte, n int) []byte {
 func TestIntegrationJSONConfig(t *testing.T) {
 	f := newFleet(t, 2)
 	cfg := fmt.Sprintf(`{
-	"admin": {"listen": "localhost:2999"},
+	"admin": {"listen": %q},
 	"apps": {"http": {"http_port": %d, "servers": {"srv0": {
 		"listen": [":%d"],
 		"routes": [{
@@ -317,7 +312,7 @@ func TestIntegrationJSONConfig(t *testing.T) {
 			}]
 		}]
 	}}}}
-}`, httpPort, httpPort, f[0].addr(), f[1].addr(), f[0].addr(), f[1].addr())
+}`, adminAddr, httpPort, httpPort, f[0].addr(), f[1].addr(), f[0].addr(), f[1].addr())
 	captureCaddyLog(t)
 	tester := caddytest.NewTester(t)
 	tester.InitServer(cfg, "json")
@@ -327,7 +322,7 @@ func TestIntegrationJSONConfig(t *testing.T) {
 	currentState().reset()
 	client := &http.Client{Timeout: 10 * time.Second}
 	for i := 0; i < 5; i++ {
-		rep, resp := send(t, client, "http://localhost:9080/v1/chat/completions", chatBody("m1", coldPrompt(i)))
+		rep, resp := send(t, client, baseURL+"/v1/chat/completions", chatBody("m1", coldPrompt(i)))
 		if resp.StatusCode != http.StatusOK || rep.Upstream != f[1].name {
 			t.Fatalf("cold request %d: status %d upstream %q, want the 50µJ upstream %s", i, resp.StatusCode, rep.Upstream, f[1].name)
 		}

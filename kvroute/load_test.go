@@ -72,9 +72,9 @@ func TestLoadCountsAnotherProxysRequestsOnce(t *testing.T) {
 	leakCheck(t)
 	u1, u2 := newLiveEngine(t, "u1"), newLiveEngine(t, "u2")
 	startCaddy(t, fmt.Sprintf(`{
-	admin localhost:2999
+	admin `+adminAddr+`
 	http_port %d
-	https_port 9443
+	https_port `+httpsPort+`
 	grace_period 1s
 }
 localhost:%d {

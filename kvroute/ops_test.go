@@ -16,11 +16,10 @@ import (
 	"time"
 )
 
-const adminURL = "http://localhost:2999"
-
 // load posts a Caddyfile to the in-process Caddy's admin API.
 func load(t testing.TB, cfg string) {
 	t.Helper()
+	checkPorts(t, cfg)
 	captureCaddyLog(t)
 	resp, err := http.Post(adminURL+"/load", "text/caddyfile", strings.NewReader(cfg))
 	if err != nil {
@@ -140,6 +139,9 @@ func TestAdminAPI(t *testing.T) {
 	client := &http.Client{Timeout: 10 * time.Second}
 	rep, _ := send(t, client, baseURL+"/v1/chat/completions", chatBody("llama", "hello admin"), "X-Session-ID", "sess-1")
 	addr := f.byName(rep.Upstream).addr()
+	// The request stops counting in flight when its context ends, after the answer was
+	// written: the client may have read it all by then. Wait for the count, not the answer.
+	waitUntil(t, time.Second, func() bool { return getStatus(t).Upstreams[addr].InFlight == 0 }, "the answered request out of "+addr+"'s in-flight count")
 
 	st := getStatus(t)
 	if !st.Loaded || st.Sessions != 1 || st.Models["llama"].TreeChars[addr] == 0 {

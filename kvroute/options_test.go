@@ -143,9 +143,9 @@ func TestProcessOptionsAgreeAcrossServers(t *testing.T) {
 	startCaddy(t, relConfig(ps.addrs(), "", "", ""))
 	twoServers := func(a, b string) string {
 		return fmt.Sprintf(`{
-	admin localhost:2999
+	admin `+adminAddr+`
 	http_port %[1]d
-	https_port 9443
+	https_port `+httpsPort+`
 }
 localhost:%[1]d {
 	reverse_proxy %[2]s {
@@ -161,7 +161,7 @@ localhost:%[4]d {
 		}
 	}
 }
-`, httpPort, strings.Join(ps.addrs(), " "), a, httpPort+1, b)
+`, httpPort, strings.Join(ps.addrs(), " "), a, httpPort2, b)
 	}
 	resp, err := http.Post(adminURL+"/load", "text/caddyfile", strings.NewReader(twoServers("max_sessions 500", "max_sessions 600")))
 	if err != nil {

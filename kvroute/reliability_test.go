@@ -1,6 +1,6 @@
 package kvroute
 
-// Reliability through the in-process Caddy (caddytest: admin localhost:2999, HTTP :9080): body
+// Reliability through the in-process Caddy (caddytest, on free ports: ports_test.go): body
 // integrity (gzip, slow clients, clients that leave mid-body, retries after a refused
 // connection), SSE flushing, upstream faults (killed mid-stream, hanging, answering 500,
 // removed and re-added), 64 concurrent clients, and goroutine-leak checks.
@@ -38,7 +38,7 @@ import (
 const leakSlack, leakWait = 3, 20 * time.Second
 
 // idleConfig is the in-process Caddy with no site: what leakCheck loads around a test.
-var idleConfig = fmt.Sprintf("{\n\tadmin localhost:2999\n\thttp_port %d\n\thttps_port 9443\n\tgrace_period 1s\n}\n", httpPort)
+var idleConfig = fmt.Sprintf("{\n\tadmin %s\n\thttp_port %d\n\thttps_port %s\n\tgrace_period 1s\n}\n", adminAddr, httpPort, httpsPort)
 
 // leakCheck loads a config without sites into the in-process Caddy (starting it if no test
 // did yet) and records the number of goroutines once it is steady. When the test ends (after
@@ -319,9 +319,9 @@ func (ps probes) byName(name string) *probe {
 func relConfig(addrs []string, matcher, policy, extra string) string {
 	ups := strings.Join(addrs, " ")
 	return fmt.Sprintf(`{
-	admin localhost:2999
+	admin `+adminAddr+`
 	http_port %[1]d
-	https_port 9443
+	https_port `+httpsPort+`
 	grace_period 1s
 }
 localhost:%[1]d {
@@ -1009,6 +1009,9 @@ func TestFaultUpstreamRemovedAndReadded(t *testing.T) {
 	var stop, late atomic.Bool
 	var served, failed, lateServed atomic.Int64
 	var wg sync.WaitGroup
+	// A failed wait below ends the test with the clients still sending: stop them before it
+	// completes (their Errorf after it would panic and end the whole run).
+	t.Cleanup(func() { stop.Store(true); wg.Wait() })
 	for w := 0; w < 4; w++ {
 		wg.Add(1)
 		go func(w int) {

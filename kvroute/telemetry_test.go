@@ -1,6 +1,6 @@
 package kvroute
 
-// Telemetry and health through the in-process Caddy (caddytest, admin localhost:2999): an
+// Telemetry and health through the in-process Caddy (caddytest, on free ports: ports_test.go): an
 // unannotated upstream's KV capacity read from its /metrics, an engine's long queue keeping
 // cold requests away, a dead upstream left out and back after its restart, bad metrics
 // endpoints changing nothing. The engines are loopback servers that export vLLM's families;
@@ -604,9 +604,9 @@ func TestTelemetryOneReaderPerUpstream(t *testing.T) {
 	config := func(telemetry string) string {
 		policy := fmt.Sprintf("lb_policy kv_cache_aware {\n\t\t\t\t%s\n\t\t\t}", telemetry)
 		return fmt.Sprintf(`{
-	admin localhost:2999
+	admin `+adminAddr+`
 	http_port %d
-	https_port 9443
+	https_port `+httpsPort+`
 	grace_period 1s
 }
 localhost:%d {

@@ -209,6 +209,7 @@ func chatBody(model string, msgs ...string) string {
 // startCaddy loads config (Caddyfile) into the in-process Caddy of caddytest.
 func startCaddy(t *testing.T, config string) *caddytest.Tester {
 	t.Helper()
+	checkPorts(t, config)
 	captureCaddyLog(t)
 	leakCheck(t)
 	tester := caddytest.NewTester(t)
@@ -223,7 +224,7 @@ func startCaddy(t *testing.T, config string) *caddytest.Tester {
 	})
 	s := currentState()
 	if s == nil {
-		t.Fatal("the config did not reach this process's Caddy: is another Caddy serving localhost:2999?")
+		t.Fatal("the config did not reach this process's Caddy: is another Caddy serving " + adminAddr + "?")
 	}
 	s.reset()
 	return tester

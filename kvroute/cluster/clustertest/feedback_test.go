@@ -30,8 +30,8 @@ func TestResponsesFollowUpAcrossReplicas(t *testing.T) {
 		t.Cleanup(engines[i].Close)
 	}
 	ups := strings.TrimPrefix(engines[0].URL, "http://") + " " + strings.TrimPrefix(engines[1].URL, "http://")
-	a := startReplicaSite(t, "A", 41, ups, ns.url(), replicaSecret, "", "llm_feedback @llm")
-	b := startReplicaSite(t, "B", 42, ups, ns.url(), replicaSecret, "", "llm_feedback @llm")
+	a := startReplicaSite(t, "A", ups, ns.url(), replicaSecret, "", "llm_feedback @llm")
+	b := startReplicaSite(t, "B", ups, ns.url(), replicaSecret, "", "llm_feedback @llm")
 	eventually(t, 15*time.Second, "the replicas to hear each other", func() bool { return a.livePeers() == 1 && b.livePeers() == 1 })
 
 	post := func(r *replica, body string) (string, string) {

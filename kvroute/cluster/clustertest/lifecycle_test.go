@@ -17,7 +17,7 @@ func TestLateReplicaFirstRequestCaughtUp(t *testing.T) {
 	ns := startNATS(t, nil)
 	bs := newBackends(t, 2)
 	extra := "\n\t\t\ttelemetry off\n\t\t\tfallback round_robin"
-	r1 := startReplicaWith(t, "one", 31, bs[1].addr(), ns.url(), replicaSecret, extra)
+	r1 := startReplicaWith(t, "one", bs[1].addr(), ns.url(), replicaSecret, extra)
 	c := newConversation(31)
 	got, code := r1.chat(t, c.msgs, "X-Session-ID", "conversation-31")
 	if code != http.StatusOK || got != "b1" {
@@ -30,7 +30,7 @@ func TestLateReplicaFirstRequestCaughtUp(t *testing.T) {
 		return st.Cluster != nil && st.Cluster.LogEntries >= 2
 	})
 
-	r2 := startReplicaWith(t, "two", 32, bs[1].addr()+" "+bs[0].addr(), ns.url(), replicaSecret, extra)
+	r2 := startReplicaWith(t, "two", bs[1].addr()+" "+bs[0].addr(), ns.url(), replicaSecret, extra)
 	// The admin API answers before the apps start: wait for the site's port, without a
 	// request, then send turn 2 at once.
 	eventually(t, 15*time.Second, "replica two's site port", func() bool {

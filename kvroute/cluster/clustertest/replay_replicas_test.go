@@ -26,7 +26,7 @@ func TestReplicaJoinerRefusesARecording(t *testing.T) {
 	defer rec.Close()
 	tape := record(t, rec, "kvroute.replicas-test.>")
 
-	a := startReplica(t, "A", 7, bs, ns.url(), replicaSecret)
+	a := startReplica(t, "A", bs, ns.url(), replicaSecret)
 	for i := range 4 {
 		if _, code := a.chat(t, newConversation(100+i).msgs); code != http.StatusOK {
 			t.Fatalf("A: status %d", code)
@@ -49,7 +49,7 @@ func TestReplicaJoinerRefusesARecording(t *testing.T) {
 	msgs, lastSealed := tape.stop(t)
 	eventually(t, 5*time.Second, "the recording is older than the join skew", func() bool { return time.Since(lastSealed) > joinSkew+100*time.Millisecond })
 
-	b := startReplica(t, "B", 8, bs, ns.url(), replicaSecret)
+	b := startReplica(t, "B", bs, ns.url(), replicaSecret)
 	b.chat(t, []string{"warm up B"})
 	eventually(t, 10*time.Second, "A and B hear each other", func() bool { return a.livePeers() == 1 && b.livePeers() == 1 })
 	var convs []*conversation

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -20,7 +21,7 @@ import (
 
 // These tests run replicas as separate Caddy processes (the state is one per process), built by
 // `./xcaddy.sh build` (KVROUTE_CADDY, which `./xcaddy.sh test` sets), around the embedded NATS
-// server. Admin ports 2301-2310 and site ports 9301-9310 are theirs.
+// server, each on free ports (freePorts), so that two runs on one machine do not meet.
 
 const replicaSecret = "replica-test-secret-0123456789ab"
 
@@ -84,6 +85,22 @@ func addrs(bs []*backend) string {
 	return strings.Join(s, " ")
 }
 
+// freePorts returns n distinct ports free on every interface right now (a replica's site
+// listens on all of them); the replica binds them moments later.
+func freePorts(t testing.TB, n int) []int {
+	t.Helper()
+	ports := make([]int, 0, n)
+	for range n {
+		l, err := net.Listen("tcp", ":0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer l.Close() // all held together: n different ports
+		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
+	}
+	return ports
+}
+
 // replica is one Caddy process.
 type replica struct {
 	t     *testing.T
@@ -96,24 +113,25 @@ type replica struct {
 
 // startReplica runs Caddy with kv_cache_aware over bs and, when natsURL is not empty, a cluster
 // block whose secret comes from the environment (resolved at provision).
-func startReplica(t *testing.T, name string, n int, bs []*backend, natsURL, secret string) *replica {
+func startReplica(t *testing.T, name string, bs []*backend, natsURL, secret string) *replica {
 	t.Helper()
-	return startReplicaWith(t, name, n, addrs(bs), natsURL, secret, "")
+	return startReplicaWith(t, name, addrs(bs), natsURL, secret, "")
 }
 
 // startReplicaWith is startReplica over the upstreams upstreams (dial addresses), with extra
 // lines in the policy's block.
-func startReplicaWith(t *testing.T, name string, n int, upstreams, natsURL, secret, extra string) *replica {
+func startReplicaWith(t *testing.T, name string, upstreams, natsURL, secret, extra string) *replica {
 	t.Helper()
-	return startReplicaSite(t, name, n, upstreams, natsURL, secret, extra, "")
+	return startReplicaSite(t, name, upstreams, natsURL, secret, extra, "")
 }
 
 // startReplicaSite is startReplicaWith with site lines ahead of the reverse_proxy (handlers
 // such as llm_feedback).
-func startReplicaSite(t *testing.T, name string, n int, upstreams, natsURL, secret, extra, site string) *replica {
+func startReplicaSite(t *testing.T, name string, upstreams, natsURL, secret, extra, site string) *replica {
 	t.Helper()
 	bin := caddyBinary(t)
-	r := &replica{t: t, name: name, admin: fmt.Sprintf("127.0.0.1:%d", 2300+n), site: fmt.Sprintf("127.0.0.1:%d", 9300+n), out: new(bytes.Buffer)}
+	ports := freePorts(t, 2)
+	r := &replica{t: t, name: name, admin: fmt.Sprintf("127.0.0.1:%d", ports[0]), site: fmt.Sprintf("127.0.0.1:%d", ports[1]), out: new(bytes.Buffer)}
 	clusterBlock := ""
 	if natsURL != "" {
 		clusterBlock = fmt.Sprintf(`
@@ -138,7 +156,7 @@ func startReplicaSite(t *testing.T, name string, n int, upstreams, natsURL, secr
 		}
 	}
 }
-`, r.admin, 9300+n, 9300+n, site, upstreams, clusterBlock, extra)
+`, r.admin, ports[1], ports[1], site, upstreams, clusterBlock, extra)
 	dir := t.TempDir()
 	path := filepath.Join(dir, "Caddyfile")
 	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
@@ -334,8 +352,8 @@ func TestReplicasShareWhatTheyLearn(t *testing.T) {
 	caddyBinary(t)
 	ns := startNATS(t, nil)
 	bs := newBackends(t, 4)
-	a := startReplica(t, "A", 1, bs, ns.url(), replicaSecret)
-	b := startReplica(t, "B", 2, bs, ns.url(), replicaSecret)
+	a := startReplica(t, "A", bs, ns.url(), replicaSecret)
+	b := startReplica(t, "B", bs, ns.url(), replicaSecret)
 	// The node opens on the first decision: one request each.
 	a.chat(t, []string{"warm up A"})
 	b.chat(t, []string{"warm up B"})
@@ -386,7 +404,7 @@ func TestReplicasShareWhatTheyLearn(t *testing.T) {
 	// A late replica catches up from its peers' logs: C, started now, routes the next turn of
 	// every conversation home without having seen one of them.
 	start := time.Now()
-	c := startReplica(t, "C", 3, bs, ns.url(), replicaSecret)
+	c := startReplica(t, "C", bs, ns.url(), replicaSecret)
 	c.chat(t, []string{"warm up C"})
 	eventually(t, 10*time.Second, "C caught up", func() bool {
 		st := c.status()
@@ -411,7 +429,7 @@ func TestReplicasShareWhatTheyLearn(t *testing.T) {
 		return same
 	})
 	aBefore := a.status()
-	d := startReplica(t, "D", 4, bs, ns.url(), "another-secret-of-32-bytes-000000")
+	d := startReplica(t, "D", bs, ns.url(), "another-secret-of-32-bytes-000000")
 	for i := range 5 {
 		if _, code := d.chat(t, []string{fmt.Sprintf("D's own prompt %d", i) + strings.Repeat(" padding", 40)}); code != http.StatusOK {
 			t.Fatalf("D: status %d", code)
@@ -491,8 +509,8 @@ func TestReplicasShareLoad(t *testing.T) {
 	caddyBinary(t)
 	ns := startNATS(t, nil)
 	bs := newBackends(t, 2)
-	a := startReplica(t, "A", 5, bs[:1], ns.url(), replicaSecret)
-	b := startReplica(t, "B", 6, bs, ns.url(), replicaSecret)
+	a := startReplica(t, "A", bs[:1], ns.url(), replicaSecret)
+	b := startReplica(t, "B", bs, ns.url(), replicaSecret)
 	a.chat(t, []string{"warm up A"})
 	b.chat(t, []string{"warm up B"})
 	eventually(t, 10*time.Second, "A and B hear each other", func() bool { return a.livePeers() == 1 && b.livePeers() == 1 })

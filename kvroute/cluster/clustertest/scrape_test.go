@@ -100,7 +100,7 @@ func TestScrapesShared(t *testing.T) {
 	extra := fmt.Sprintf("\n\t\t\ttelemetry {\n\t\t\t\tinterval %v\n\t\t\t\ttimeout 400ms\n\t\t\t}", scrapeInterval)
 	var rs []*replica
 	for i := range 3 {
-		rs = append(rs, startReplicaWith(t, fmt.Sprintf("r%d", i), 21+i, e.addr(), ns.url(), replicaSecret, extra))
+		rs = append(rs, startReplicaWith(t, fmt.Sprintf("r%d", i), e.addr(), ns.url(), replicaSecret, extra))
 	}
 	// Telemetry and the cluster start with the config; each replica routes one request too.
 	for _, r := range rs {
