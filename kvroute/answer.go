@@ -621,7 +621,7 @@ type answerObserver struct {
 	buf  *[]byte
 
 	// What the answer said so far.
-	contentAt bool // an event carried content (or the body started)
+	contentAt bool // an event carried content
 	u         usage
 	usageSeen int // documents with a usage object
 	gaveUps   int // documents given up (malformed, over the bound, cut)
@@ -636,17 +636,16 @@ func (o *answerObserver) begin(kind answerKind, responses bool) {
 }
 
 // write observes p, bytes just written to the client. It reports whether p completed the first
-// content of the answer (the first SSE event carrying content, or a JSON answer's first byte).
+// content of a streamed answer (the first SSE event carrying content). A non-streamed answer
+// has no first content: its first byte comes after its whole decode.
 func (o *answerObserver) write(p []byte) (first bool) {
 	if len(p) == 0 {
 		return false
 	}
 	switch o.kind {
 	case answerJSON:
-		first = !o.contentAt
-		o.contentAt = true
 		if o.read >= maxJSONAnswer {
-			return first
+			return false
 		}
 		n := min(int64(len(p)), maxJSONAnswer-o.read)
 		o.read += n

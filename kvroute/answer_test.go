@@ -13,16 +13,16 @@ var answerCases = []struct {
 	responses   bool
 	body        string
 	want        usage
-	wantContent bool
+	wantContent bool // a first content event (a non-streamed answer has none)
 }{
 	{"chat json", answerJSON, false,
 		`{"id":"chatcmpl-1","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"Hi \"usage\":{\"prompt_tokens\":9}"}}],` +
 			`"usage":{"prompt_tokens":1200,"total_tokens":1210,"completion_tokens":10,"prompt_tokens_details":{"cached_tokens":1024}}}`,
-		usage{ok: true, prompt: 1200, cached: 1024, cachedKnown: true}, true},
+		usage{ok: true, prompt: 1200, cached: 1024, cachedKnown: true}, false},
 	{"chat json without cached tokens", answerJSON, false,
 		`{"id":"x","choices":[],"usage":{"prompt_tokens":12,"completion_tokens":3,"prompt_tokens_details":null}}`,
-		usage{ok: true, prompt: 12}, true},
-	{"chat json without usage", answerJSON, false, `{"id":"x","choices":[{"message":{"content":"usage"}}]}`, usage{}, true},
+		usage{ok: true, prompt: 12}, false},
+	{"chat json without usage", answerJSON, false, `{"id":"x","choices":[{"message":{"content":"usage"}}]}`, usage{}, false},
 	{"chat stream with usage", answerSSE, false,
 		"data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"\"}}]}\n\n" +
 			"data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"Hel\"}}]}\n\n" +
@@ -39,7 +39,7 @@ var answerCases = []struct {
 	{"responses json", answerJSON, true,
 		`{"id":"resp_abc123","object":"response","status":"completed","output":[{"type":"message","content":[{"type":"output_text","text":"hi"}]}],` +
 			`"usage":{"input_tokens":300,"input_tokens_details":{"cached_tokens":256},"output_tokens":2,"total_tokens":302}}`,
-		usage{ok: true, prompt: 300, cached: 256, cachedKnown: true, respID: "resp_abc123"}, true},
+		usage{ok: true, prompt: 300, cached: 256, cachedKnown: true, respID: "resp_abc123"}, false},
 	{"responses stream", answerSSE, true,
 		"event: response.created\ndata: {\"type\":\"response.created\",\"sequence_number\":0,\"response\":{\"id\":\"resp_s1\",\"object\":\"response\",\"status\":\"in_progress\",\"usage\":null}}\n\n" +
 			"event: response.output_text.delta\ndata: {\"type\":\"response.output_text.delta\",\"item_id\":\"msg_1\",\"delta\":\"Hi\"}\n\n" +
@@ -50,7 +50,7 @@ var answerCases = []struct {
 		usage{respID: "resp_s2"}, false},
 	{"anthropic json", answerJSON, false,
 		`{"id":"msg_1","type":"message","role":"assistant","content":[{"type":"text","text":"Hi"}],"usage":{"input_tokens":20,"cache_creation_input_tokens":100,"cache_read_input_tokens":2000,"output_tokens":5}}`,
-		usage{ok: true, prompt: 2120, cached: 2000, cachedKnown: true}, true},
+		usage{ok: true, prompt: 2120, cached: 2000, cachedKnown: true}, false},
 	{"anthropic stream", answerSSE, false,
 		"event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"msg_1\",\"type\":\"message\",\"content\":[],\"usage\":{\"input_tokens\":7,\"cache_creation_input_tokens\":0,\"cache_read_input_tokens\":1500,\"output_tokens\":1}}}\n\n" +
 			"event: ping\ndata: {\"type\": \"ping\"}\n\n" +
@@ -61,30 +61,30 @@ var answerCases = []struct {
 		usage{ok: true, prompt: 1507, cached: 1500, cachedKnown: true}, true},
 	{"llama.cpp json", answerJSON, false,
 		`{"content":"Hi","tokens_predicted":1,"timings":{"prompt_n":100,"prompt_ms":50.5,"cache_n":900,"predicted_n":1}}`,
-		usage{ok: true, prompt: 1000, cached: 900, cachedKnown: true, computed: 100, prefillMS: 50.5}, true},
+		usage{ok: true, prompt: 1000, cached: 900, cachedKnown: true, computed: 100, prefillMS: 50.5}, false},
 	{"llama.cpp chat with timings", answerJSON, false,
 		`{"choices":[{"message":{"content":"x"}}],"usage":{"prompt_tokens":1000,"completion_tokens":1},"timings":{"prompt_n":100,"prompt_ms":20,"cache_n":900}}`,
-		usage{ok: true, prompt: 1000, computed: 100, prefillMS: 20}, true},
+		usage{ok: true, prompt: 1000, computed: 100, prefillMS: 20}, false},
 
 	// Lies and junk: ignored, counted, never trusted.
-	{"cached above prompt", answerJSON, false, `{"usage":{"prompt_tokens":10,"prompt_tokens_details":{"cached_tokens":11}}}`, usage{lies: true}, true},
-	{"negative", answerJSON, false, `{"usage":{"prompt_tokens":-5}}`, usage{lies: true}, true},
-	{"NaN", answerJSON, false, `{"usage":{"prompt_tokens":NaN,"prompt_tokens_details":{"cached_tokens":1}}}`, usage{lies: true}, true},
-	{"1e12", answerJSON, false, `{"usage":{"prompt_tokens":1e12}}`, usage{lies: true}, true},
-	{"10^12 digits", answerJSON, false, `{"usage":{"prompt_tokens":1000000000000}}`, usage{lies: true}, true},
-	{"fraction", answerJSON, false, `{"usage":{"prompt_tokens":10.5}}`, usage{lies: true}, true},
-	{"usage as a string", answerJSON, false, `{"usage":{"prompt_tokens":"10"}}`, usage{}, true},
+	{"cached above prompt", answerJSON, false, `{"usage":{"prompt_tokens":10,"prompt_tokens_details":{"cached_tokens":11}}}`, usage{lies: true}, false},
+	{"negative", answerJSON, false, `{"usage":{"prompt_tokens":-5}}`, usage{lies: true}, false},
+	{"NaN", answerJSON, false, `{"usage":{"prompt_tokens":NaN,"prompt_tokens_details":{"cached_tokens":1}}}`, usage{lies: true}, false},
+	{"1e12", answerJSON, false, `{"usage":{"prompt_tokens":1e12}}`, usage{lies: true}, false},
+	{"10^12 digits", answerJSON, false, `{"usage":{"prompt_tokens":1000000000000}}`, usage{lies: true}, false},
+	{"fraction", answerJSON, false, `{"usage":{"prompt_tokens":10.5}}`, usage{lies: true}, false},
+	{"usage as a string", answerJSON, false, `{"usage":{"prompt_tokens":"10"}}`, usage{}, false},
 	{"usage deep in content", answerSSE, false,
 		"data: {\"choices\":[{\"delta\":{\"content\":\"{\\\"usage\\\":{\\\"prompt_tokens\\\":99}}\"}}]}\n\n", usage{}, true},
-	{"nested usage is not the usage", answerJSON, false, `{"choices":[{"usage":{"prompt_tokens":5}}]}`, usage{}, true},
-	{"escaped key", answerJSON, false, `{"\u0075sage":{"prompt_tokens":5}}`, usage{}, true},
-	{"cut json", answerJSON, false, `{"usage":{"prompt_tokens":5}`, usage{}, true},
-	{"trailing garbage", answerJSON, false, `{"usage":{"prompt_tokens":5}} x`, usage{}, true},
+	{"nested usage is not the usage", answerJSON, false, `{"choices":[{"usage":{"prompt_tokens":5}}]}`, usage{}, false},
+	{"escaped key", answerJSON, false, `{"\u0075sage":{"prompt_tokens":5}}`, usage{}, false},
+	{"cut json", answerJSON, false, `{"usage":{"prompt_tokens":5}`, usage{}, false},
+	{"trailing garbage", answerJSON, false, `{"usage":{"prompt_tokens":5}} x`, usage{}, false},
 	{"stream cut mid-event", answerSSE, false,
 		"data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\ndata: {\"choices\":[],\"usage\":{\"prompt_tokens\":5}}", usage{}, true},
 	{"id of a chat answer is no response id", answerJSON, true, `{"id":"chatcmpl-9","object":"chat.completion","usage":{"prompt_tokens":5}}`,
-		usage{ok: true, prompt: 5}, true},
-	{"response id of a request that was not a Responses request", answerJSON, false, `{"id":"resp_1","object":"response"}`, usage{}, true},
+		usage{ok: true, prompt: 5}, false},
+	{"response id of a request that was not a Responses request", answerJSON, false, `{"id":"resp_1","object":"response"}`, usage{}, false},
 }
 
 func TestAnswerObserver(t *testing.T) {

@@ -104,6 +104,9 @@ type feedbackWriter struct {
 	a       *attempt // the attempt that answered
 	obs     answerObserver
 	firstAt time.Time // when the first content passed; zero until then
+	// firstByte: the answer's first byte is its first token (a prefill leg's JSON answer: it
+	// decodes one token).
+	firstByte bool
 }
 
 func (w *feedbackWriter) WriteHeader(code int) {
@@ -156,7 +159,7 @@ func (o observedReader) Read(p []byte) (int, error) {
 }
 
 func (w *feedbackWriter) observe(p []byte, at time.Time) {
-	if w.obs.write(p) && w.firstAt.IsZero() {
+	if (w.obs.write(p) || w.firstByte && len(p) > 0) && w.firstAt.IsZero() {
 		w.firstAt = at
 		w.firstContent()
 	}
@@ -194,6 +197,18 @@ func (w *feedbackWriter) start(code int) {
 	if kind != answerIgnored {
 		w.obs.begin(kind, lr.Format == llmreq.Responses)
 	}
+	switch {
+	case kind == answerSSE:
+		// Its first content event is its first token (firstContent).
+	case kind == answerJSON && a.pred.leg == legPrefill:
+		w.firstByte = true
+	default:
+		// A non-streamed answer (or an error) marks no first token: its first byte comes after
+		// its whole decode, and an answer's time to it is no time to first token. Its prefill
+		// is over now at the latest.
+		a.pred.settle(a.u)
+		lr.endPrefill(false)
+	}
 }
 
 // mediaType is a Content-Type without its parameters (mime.ParseMediaType allocates a map per
@@ -205,7 +220,8 @@ func mediaType(ct string) string {
 	return strings.TrimSpace(ct)
 }
 
-// firstContent: the attempt's first token passed. The request's uncached prefill work is done.
+// firstContent: the attempt's first token passed (a streamed answer's first content event, a
+// prefill leg's first byte). The request's uncached prefill work is done.
 func (w *feedbackWriter) firstContent() {
 	w.a.pred.settle(w.a.u)
 	w.lr.prefillDone()
