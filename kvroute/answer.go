@@ -620,9 +620,12 @@ type answerObserver struct {
 	skim bool
 	buf  *[]byte
 
-	// What the answer said so far.
+	// What the answer said so far: u, from the usage fields of its documents merged (fields,
+	// has).
 	contentAt bool // an event carried content
 	u         usage
+	fields    [numUsageFields]float64
+	has       [numUsageFields]bool
 	usageSeen int // documents with a usage object
 	gaveUps   int // documents given up (malformed, over the bound, cut)
 	wantID    bool
@@ -842,8 +845,12 @@ func contentEvent(r *scanResult) bool {
 	return false
 }
 
-// take folds one document's usage into the answer's: the latest usage object wins (vLLM's
-// continuous usage repeats a growing one; Anthropic's message_delta repeats message_start's).
+// take folds one document's usage into the answer's, field by field: a field the document
+// reports replaces the earlier value, unless it is a 0 after a count; a field it leaves out (or
+// nulls) keeps the earlier value. vLLM's continuous usage repeats a growing object, its details
+// perhaps only in the last; Anthropic's message_delta repeats message_start's counts, each
+// field optional (a delta with input_tokens alone replaced the whole usage and lost the cached
+// tokens); an OpenAI final usage may leave out details an earlier chunk gave.
 func (o *answerObserver) take(r *scanResult) {
 	if r.idLen > 0 && o.responses && (r.respID || string(r.object[:r.objLen]) == "response") {
 		if id := r.id[:r.idLen]; o.u.respID != string(id) {
@@ -854,8 +861,35 @@ func (o *answerObserver) take(r *scanResult) {
 		o.u.lies = true
 		return
 	}
+	fields, has, changed := o.fields, o.has, false
+	for f := fNone + 1; f < numUsageFields; f++ {
+		if r.has[f] && (!has[f] || r.nums[f] != 0) {
+			fields[f], has[f], changed = r.nums[f], true, true
+		}
+	}
+	if !changed {
+		return
+	}
+	u, ok := usageOf(&fields, &has)
+	if !ok {
+		// Nothing to make a usage of yet (only timings.prompt_ms, say): kept for later.
+		o.fields, o.has = fields, has
+		return
+	}
+	if u.cached > u.prompt || u.prompt > maxUsageTokens {
+		o.u.lies = true
+		return
+	}
+	o.fields, o.has = fields, has
+	u.ok = true
+	u.lies, u.respID = o.u.lies, o.u.respID
+	o.u = u
+	o.usageSeen++
+}
+
+// usageOf makes a usage of the fields read; false when they hold no prompt count.
+func usageOf(n *[numUsageFields]float64, h *[numUsageFields]bool) (usage, bool) {
 	var u usage
-	h, n := &r.has, &r.nums
 	switch {
 	case h[fPromptTokens]:
 		u.prompt = n[fPromptTokens]
@@ -871,19 +905,12 @@ func (o *answerObserver) take(r *scanResult) {
 		u.prompt = n[fTimingsPromptN] + n[fTimingsCacheN]
 		u.cached, u.cachedKnown = n[fTimingsCacheN], true
 	default:
-		return
+		return u, false
 	}
 	if h[fTimingsPromptN] && h[fTimingsPromptMS] {
 		u.computed, u.prefillMS = n[fTimingsPromptN], n[fTimingsPromptMS]
 	}
-	if u.cached > u.prompt || u.prompt > maxUsageTokens {
-		o.u.lies = true
-		return
-	}
-	u.ok = true
-	u.lies, u.respID = o.u.lies, o.u.respID
-	o.u = u
-	o.usageSeen++
+	return u, true
 }
 
 // finish ends the answer: a JSON answer counts only when it was whole; an SSE event cut short

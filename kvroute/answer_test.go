@@ -145,3 +145,64 @@ func TestAnswerObserverBounds(t *testing.T) {
 		t.Fatalf("deep nesting: got %+v", got)
 	}
 }
+
+// TestAnswerUsageMergedByField: a later usage object of the same answer adds what it reports to
+// the earlier ones, field by field; a field it leaves out (or nulls, or zeroes after a count)
+// keeps the earlier value. Anthropic's message_delta (cumulative counts, each field optional)
+// after a message_start that counted cached tokens; OpenAI chunks whose final usage leaves out
+// the details an earlier one gave; vLLM's continuous usage, growing.
+func TestAnswerUsageMergedByField(t *testing.T) {
+	start := "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"msg_01\",\"type\":\"message\",\"role\":\"assistant\",\"model\":\"claude-sonnet-4-5\",\"content\":[],\"stop_reason\":null,\"stop_sequence\":null," +
+		"\"usage\":{\"input_tokens\":12,\"cache_creation_input_tokens\":0,\"cache_read_input_tokens\":4096,\"output_tokens\":1}}}\n\n" +
+		"event: content_block_start\ndata: {\"type\":\"content_block_start\",\"index\":0,\"content_block\":{\"type\":\"text\",\"text\":\"\"}}\n\n" +
+		"event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"Hello\"}}\n\n" +
+		"event: content_block_stop\ndata: {\"type\":\"content_block_stop\",\"index\":0}\n\n"
+	stop := "event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n"
+	anthropic := usage{ok: true, prompt: 4108, cached: 4096, cachedKnown: true}
+	chunk := "data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"Hi\"}}]"
+	for _, tc := range []struct {
+		name, body string
+		want       usage
+	}{
+		{"anthropic message_delta with output tokens only", start +
+			"event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"end_turn\",\"stop_sequence\":null},\"usage\":{\"output_tokens\":15}}\n\n" + stop,
+			anthropic},
+		{"anthropic message_delta with input tokens, cache fields null", start +
+			"event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"end_turn\",\"stop_sequence\":null},\"usage\":{\"input_tokens\":12,\"cache_creation_input_tokens\":null,\"cache_read_input_tokens\":null,\"output_tokens\":15,\"server_tool_use\":null}}\n\n" + stop,
+			anthropic},
+		{"anthropic message_delta with input tokens only", start +
+			"event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"end_turn\"},\"usage\":{\"input_tokens\":12,\"output_tokens\":15}}\n\n" + stop,
+			anthropic},
+		{"anthropic message_delta that zeroes the cache read", start +
+			"event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"end_turn\"},\"usage\":{\"input_tokens\":12,\"cache_read_input_tokens\":0,\"output_tokens\":15}}\n\n" + stop,
+			anthropic},
+		{"anthropic message_delta with the full cumulative usage", start +
+			"event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"end_turn\"},\"usage\":{\"input_tokens\":12,\"cache_creation_input_tokens\":0,\"cache_read_input_tokens\":4096,\"output_tokens\":15}}\n\n" + stop,
+			anthropic},
+		{"openai final usage chunk", chunk + "}\n\n" +
+			"data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"choices\":[],\"usage\":{\"prompt_tokens\":900,\"completion_tokens\":7,\"total_tokens\":907,\"prompt_tokens_details\":{\"cached_tokens\":768}}}\n\ndata: [DONE]\n\n",
+			usage{ok: true, prompt: 900, cached: 768, cachedKnown: true}},
+		{"openai final usage without the details an earlier chunk gave", chunk + ",\"usage\":{\"prompt_tokens\":900,\"completion_tokens\":1,\"total_tokens\":901,\"prompt_tokens_details\":{\"cached_tokens\":768}}}\n\n" +
+			"data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"choices\":[],\"usage\":{\"prompt_tokens\":900,\"completion_tokens\":7,\"total_tokens\":907,\"prompt_tokens_details\":null}}\n\ndata: [DONE]\n\n",
+			usage{ok: true, prompt: 900, cached: 768, cachedKnown: true}},
+		{"vllm continuous usage, details in the final chunk", chunk + ",\"usage\":{\"prompt_tokens\":900,\"completion_tokens\":1,\"total_tokens\":901}}\n\n" +
+			chunk + ",\"usage\":{\"prompt_tokens\":900,\"completion_tokens\":2,\"total_tokens\":902}}\n\n" +
+			"data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"choices\":[],\"usage\":{\"prompt_tokens\":900,\"completion_tokens\":2,\"total_tokens\":902,\"prompt_tokens_details\":{\"cached_tokens\":512}}}\n\ndata: [DONE]\n\n",
+			usage{ok: true, prompt: 900, cached: 512, cachedKnown: true}},
+		{"a later lie is ignored, the earlier usage stands", chunk + ",\"usage\":{\"prompt_tokens\":900,\"prompt_tokens_details\":{\"cached_tokens\":768}}}\n\n" +
+			"data: {\"choices\":[],\"usage\":{\"prompt_tokens\":900,\"prompt_tokens_details\":{\"cached_tokens\":901}}}\n\n",
+			usage{ok: true, prompt: 900, cached: 768, cachedKnown: true, lies: true}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			for at := 1; at <= len(tc.body); at++ {
+				var o answerObserver
+				o.begin(answerSSE, false)
+				o.write([]byte(tc.body[:at]))
+				o.write([]byte(tc.body[at:]))
+				if got := o.finish(); got != tc.want {
+					t.Fatalf("split at %d: got %+v, want %+v", at, got, tc.want)
+				}
+			}
+		})
+	}
+}
