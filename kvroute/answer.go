@@ -614,7 +614,8 @@ type answerObserver struct {
 	skipLine  bool // the line is another field, or a data line past the first space
 	dataLines int  // data lines of the event so far
 	afterCR   bool
-	gaveUp    bool // the event being read is over maxEvent
+	gaveUp    bool // the event being read is over maxEvent, or is OpenAI's [DONE]
+	doneLen   int  // bytes of the event's data that matched doneMarker so far; -1: it is not
 	// skim: once content flows (most events are content deltas), an event is set aside in buf,
 	// a copy, and read only when it names a usage key: a search instead of a scan of every byte.
 	skim bool
@@ -749,10 +750,21 @@ func (o *answerObserver) feed(b []byte) {
 		o.gaveUp = true
 		return
 	}
-	if o.read == 0 && o.dataLines == 1 && len(b) >= 6 && string(b[:6]) == "[DONE]" {
-		o.gaveUp = true // OpenAI's end marker, no JSON: nothing to read
-		o.dataLines = -1
-		return
+	if o.dataLines == 1 && o.doneLen >= 0 && o.doneLen < len(doneMarker) {
+		// OpenAI's end marker, no JSON: nothing to read. It may come in several writes: the
+		// data's first bytes are matched against it as they come.
+		for _, c := range b[:min(len(b), len(doneMarker)-o.doneLen)] {
+			if c != doneMarker[o.doneLen] {
+				o.doneLen = -1
+				break
+			}
+			o.doneLen++
+		}
+		if o.doneLen == len(doneMarker) {
+			o.gaveUp = true
+			o.dataLines = -1
+			return
+		}
 	}
 	o.read += int64(len(b))
 	if o.skim {
@@ -764,6 +776,9 @@ func (o *answerObserver) feed(b []byte) {
 	}
 	o.sc.write(b)
 }
+
+// doneMarker is the data of OpenAI's last event; data that starts with it is not read.
+const doneMarker = "[DONE]"
 
 // eventBufs holds the buffers events are set aside in while the observer skims (skim).
 var eventBufs = sync.Pool{New: func() any { b := make([]byte, 0, 4<<10); return &b }}
@@ -823,7 +838,7 @@ func (o *answerObserver) endEvent() {
 	}
 	o.res.reset()
 	o.sc.reset(&o.res)
-	o.read, o.dataLines, o.gaveUp = 0, 0, false
+	o.read, o.dataLines, o.gaveUp, o.doneLen = 0, 0, false, 0
 }
 
 // takeEvent takes in one whole SSE event's JSON.

@@ -206,3 +206,35 @@ func TestAnswerUsageMergedByField(t *testing.T) {
 		})
 	}
 }
+
+// TestAnswerDoneSplit: OpenAI's [DONE] end marker cut anywhere between two writes is the end
+// marker, not a malformed event: in a stream with content (whose events are skimmed once
+// content flows), and in one where no event carried content the observer knows (a role chunk
+// and a usage chunk: an empty completion; SGLang's /generate text), each of which is parsed.
+func TestAnswerDoneSplit(t *testing.T) {
+	usageChunk := "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":64,\"prompt_tokens_details\":{\"cached_tokens\":48}}}\n\n"
+	for _, body := range []string{
+		"data: {\"choices\":[{\"delta\":{\"content\":\"Hi\"}}]}\n\n" + usageChunk + "data: [DONE]\n\n",
+		"data: {\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"\"}}]}\n\n" + usageChunk + "data: [DONE]\n\n",
+	} {
+		for at := 1; at < len(body); at++ {
+			var o answerObserver
+			o.begin(answerSSE, false)
+			o.write([]byte(body[:at]))
+			o.write([]byte(body[at:]))
+			if got := o.finish(); got != (usage{ok: true, prompt: 64, cached: 48, cachedKnown: true}) || o.gaveUps != 0 {
+				t.Fatalf("split at %d (%q | %q): got %+v with %d given up, want the usage and none given up", at, body[max(0, at-8):at], body[at:min(len(body), at+8)], got, o.gaveUps)
+			}
+		}
+	}
+	// Not the marker: a [DONE] followed by more, or a prefix of it, is no JSON either.
+	for _, data := range []string{"[DO", "[DONE", "[DONEX]", "[D0NE]"} {
+		var o answerObserver
+		o.begin(answerSSE, false)
+		o.write([]byte("data: " + data + "\n\n"))
+		o.finish()
+		if want := map[bool]int{true: 0, false: 1}[strings.HasPrefix(data, "[DONE]")]; o.gaveUps != want {
+			t.Errorf("data %q: %d given up, want %d", data, o.gaveUps, want)
+		}
+	}
+}

@@ -195,3 +195,49 @@ func TestFeedbackNonStreamedLeavesQueuedPrefill(t *testing.T) {
 	close(e.release)
 	<-done
 }
+
+// TestFeedbackDoneSplitAcrossWrites: an engine that flushes "data: [DO" and "NE]\n\n" apart
+// ends its stream; no answer is counted as unreadable. Its stream carries no content the
+// observer knows (a role chunk: an empty completion), so every event of it is parsed.
+func TestFeedbackDoneSplitAcrossWrites(t *testing.T) {
+	leakCheck(t)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "text/event-stream")
+		for _, part := range []string{
+			"data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"\"},\"finish_reason\":\"stop\"}]}\n\n",
+			"data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"choices\":[],\"usage\":{\"prompt_tokens\":300,\"completion_tokens\":1,\"prompt_tokens_details\":{\"cached_tokens\":256}}}\n\n",
+			"data: [DO", "NE]\n\n",
+		} {
+			io.WriteString(w, part)
+			w.(http.Flusher).Flush()
+			time.Sleep(30 * time.Millisecond) // each part its own read on the proxy's side
+		}
+	}))
+	t.Cleanup(srv.Close)
+	addr := strings.TrimPrefix(srv.URL, "http://")
+	startCaddy(t, feedbackConfig(addr, ""))
+	client := &http.Client{Timeout: 20 * time.Second}
+	const n = 3
+	for i := range n {
+		_, got := ask(t, client, "/v1/chat/completions", strings.Replace(chatBody("m", coldPrompt(i)), `"max_tokens":16`, `"max_tokens":16,"stream":true`, 1), "")
+		if !strings.HasSuffix(string(got), "data: [DONE]\n\n") {
+			t.Fatalf("answer %d: the client got %q", i, got)
+		}
+	}
+	fb := upstreamFeedback(addr)
+	waitUntil(t, 5*time.Second, func() bool { return fb.credited.Load() == n }, "the answers credited")
+	if fb.gaveUp.Load() != 0 || fb.withCached.Load() != n {
+		t.Errorf("%d streams ending in a [DONE] flushed in two writes: %d counted unreadable (answers_ignored_total), %d with cached tokens; want 0 and %d",
+			n, fb.gaveUp.Load(), fb.withCached.Load(), n)
+	}
+	_, body := adminCall(t, http.MethodGet, "/metrics")
+	if want := fmt.Sprintf(`caddy_kvroute_answers_ignored_total{reason="unreadable",upstream=%q} 0`, addr); !strings.Contains(string(body), want) {
+		for _, l := range strings.Split(string(body), "\n") {
+			if strings.HasPrefix(l, "caddy_kvroute_answers_ignored_total") {
+				t.Log(l)
+			}
+		}
+		t.Errorf("metrics lack %s", want)
+	}
+}
