@@ -273,6 +273,7 @@ type prediction struct {
 	best    int     // the most any candidate held
 	runes   int     // of the routing text
 	cpt     float64 // the model's chars per token then
+	whole   bool    // the routing text is the whole prompt (not cut at max_body)
 	// ahead is how many earlier attempts on the same upstream were still waiting for their first
 	// token when this one was decided: one of them may have put the prefix this one matched in
 	// the tree without its engine having computed it yet.
@@ -302,7 +303,7 @@ func (p *KVCacheAware) recordPrediction(r *http.Request, req *llmRequest, a *att
 	pr := &a.pred
 	pr.s, pr.start, pr.leg, pr.tree = p.state, time.Now(), req.leg, treeName
 	pr.matched, pr.best, pr.runes, pr.cpt = c.match, max(req.bestMatch, c.match), req.Runes, p.state.charsPerToken(req.Model)
-	pr.watched = true
+	pr.watched, pr.whole = true, !req.partialText()
 	pr.ahead = fb.awaiting.Add(1) - 1
 	if given := a.pred.best - a.pred.matched; given > 0 {
 		fb.givenUp.add(float64(given) / a.pred.cpt)
@@ -432,9 +433,10 @@ func (s *state) credit(r *http.Request, lr *llmRequest, a *attempt, u usage, gav
 	fb.withCached.Add(1)
 	// The answer counts this prompt's tokens: its own chars per token turns the runes the tree
 	// matched into the engine's tokens, where the model's average (or the default 4) can be off
-	// by a fifth on one prompt, hundreds of tokens on a long prefix.
+	// by a fifth on one prompt, hundreds of tokens on a long prefix. Not when the routing text
+	// is only part of the prompt: its runes over all the prompt's tokens would be too few.
 	cpt := p.cpt
-	if u.prompt >= 1 && p.runes > 0 {
+	if u.prompt >= 1 && p.runes > 0 && p.whole {
 		cpt = min(maxCharsPerToken, max(minCharsPerToken, float64(p.runes)/u.prompt))
 	}
 	predicted := float64(p.matched) / cpt

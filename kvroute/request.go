@@ -173,9 +173,16 @@ func (lr *llmRequest) track(r *http.Request, u *upstreamState, estimate, uncache
 	u.inFlight.Add(1)
 	u.queuedTokens.Add(tokens)
 	lr.startPrefill(u, uncached, ttft, !lr.firstTokenSeen())
+	partial := lr.partialText()
+	if partial {
+		u.learn.sent.partialIn(1)
+	}
 	if old := lr.pick.Swap(u); old != nil {
 		old.inFlight.Add(-1)
 		old.queuedTokens.Add(-tokens)
+		if partial {
+			old.learn.sent.partialIn(-1)
+		}
 	} else {
 		context.AfterFunc(r.Context(), lr.untrack)
 	}
@@ -193,12 +200,22 @@ func (lr *llmRequest) firstTokenSeen() bool {
 	return lr.Stream || lr.leg == legPrefill
 }
 
+// partialText reports whether the routing text may be only part of the prompt: the body was
+// cut at max_body (or its reading failed). Its engine counts all the prompt's tokens: no chars
+// per token is learned while it runs (learnFrom).
+func (lr *llmRequest) partialText() bool {
+	return lr.Truncated || lr.err != nil
+}
+
 // untrack stops counting the request as in flight.
 func (lr *llmRequest) untrack() {
 	lr.endPrefill(false)
 	if u := lr.pick.Swap(nil); u != nil {
 		u.inFlight.Add(-1)
 		u.queuedTokens.Add(-lr.promptTokens())
+		if lr.partialText() {
+			u.learn.sent.partialIn(-1)
+		}
 		loadChanged()
 	}
 }
