@@ -614,15 +614,19 @@ type answerObserver struct {
 	skipLine  bool // the line is another field, or a data line past the first space
 	dataLines int  // data lines of the event so far
 	afterCR   bool
-	gaveUp    bool // the event being read is over maxEvent
+	gaveUp    bool // the event being read is over maxEvent, or is OpenAI's [DONE]
+	doneLen   int  // bytes of the event's data that matched doneMarker so far; -1: it is not
 	// skim: once content flows (most events are content deltas), an event is set aside in buf,
 	// a copy, and read only when it names a usage key: a search instead of a scan of every byte.
 	skim bool
 	buf  *[]byte
 
-	// What the answer said so far.
-	contentAt bool // an event carried content (or the body started)
+	// What the answer said so far: u, from the usage fields of its documents merged (fields,
+	// has).
+	contentAt bool // an event carried content
 	u         usage
+	fields    [numUsageFields]float64
+	has       [numUsageFields]bool
 	usageSeen int // documents with a usage object
 	gaveUps   int // documents given up (malformed, over the bound, cut)
 	wantID    bool
@@ -636,17 +640,16 @@ func (o *answerObserver) begin(kind answerKind, responses bool) {
 }
 
 // write observes p, bytes just written to the client. It reports whether p completed the first
-// content of the answer (the first SSE event carrying content, or a JSON answer's first byte).
+// content of a streamed answer (the first SSE event carrying content). A non-streamed answer
+// has no first content: its first byte comes after its whole decode.
 func (o *answerObserver) write(p []byte) (first bool) {
 	if len(p) == 0 {
 		return false
 	}
 	switch o.kind {
 	case answerJSON:
-		first = !o.contentAt
-		o.contentAt = true
 		if o.read >= maxJSONAnswer {
-			return first
+			return false
 		}
 		n := min(int64(len(p)), maxJSONAnswer-o.read)
 		o.read += n
@@ -747,10 +750,21 @@ func (o *answerObserver) feed(b []byte) {
 		o.gaveUp = true
 		return
 	}
-	if o.read == 0 && o.dataLines == 1 && len(b) >= 6 && string(b[:6]) == "[DONE]" {
-		o.gaveUp = true // OpenAI's end marker, no JSON: nothing to read
-		o.dataLines = -1
-		return
+	if o.dataLines == 1 && o.doneLen >= 0 && o.doneLen < len(doneMarker) {
+		// OpenAI's end marker, no JSON: nothing to read. It may come in several writes: the
+		// data's first bytes are matched against it as they come.
+		for _, c := range b[:min(len(b), len(doneMarker)-o.doneLen)] {
+			if c != doneMarker[o.doneLen] {
+				o.doneLen = -1
+				break
+			}
+			o.doneLen++
+		}
+		if o.doneLen == len(doneMarker) {
+			o.gaveUp = true
+			o.dataLines = -1
+			return
+		}
 	}
 	o.read += int64(len(b))
 	if o.skim {
@@ -762,6 +776,9 @@ func (o *answerObserver) feed(b []byte) {
 	}
 	o.sc.write(b)
 }
+
+// doneMarker is the data of OpenAI's last event; data that starts with it is not read.
+const doneMarker = "[DONE]"
 
 // eventBufs holds the buffers events are set aside in while the observer skims (skim).
 var eventBufs = sync.Pool{New: func() any { b := make([]byte, 0, 4<<10); return &b }}
@@ -821,7 +838,7 @@ func (o *answerObserver) endEvent() {
 	}
 	o.res.reset()
 	o.sc.reset(&o.res)
-	o.read, o.dataLines, o.gaveUp = 0, 0, false
+	o.read, o.dataLines, o.gaveUp, o.doneLen = 0, 0, false, 0
 }
 
 // takeEvent takes in one whole SSE event's JSON.
@@ -843,8 +860,12 @@ func contentEvent(r *scanResult) bool {
 	return false
 }
 
-// take folds one document's usage into the answer's: the latest usage object wins (vLLM's
-// continuous usage repeats a growing one; Anthropic's message_delta repeats message_start's).
+// take folds one document's usage into the answer's, field by field: a field the document
+// reports replaces the earlier value, unless it is a 0 after a count; a field it leaves out (or
+// nulls) keeps the earlier value. vLLM's continuous usage repeats a growing object, its details
+// perhaps only in the last; Anthropic's message_delta repeats message_start's counts, each
+// field optional (a delta with input_tokens alone replaced the whole usage and lost the cached
+// tokens); an OpenAI final usage may leave out details an earlier chunk gave.
 func (o *answerObserver) take(r *scanResult) {
 	if r.idLen > 0 && o.responses && (r.respID || string(r.object[:r.objLen]) == "response") {
 		if id := r.id[:r.idLen]; o.u.respID != string(id) {
@@ -855,8 +876,35 @@ func (o *answerObserver) take(r *scanResult) {
 		o.u.lies = true
 		return
 	}
+	fields, has, changed := o.fields, o.has, false
+	for f := fNone + 1; f < numUsageFields; f++ {
+		if r.has[f] && (!has[f] || r.nums[f] != 0) {
+			fields[f], has[f], changed = r.nums[f], true, true
+		}
+	}
+	if !changed {
+		return
+	}
+	u, ok := usageOf(&fields, &has)
+	if !ok {
+		// Nothing to make a usage of yet (only timings.prompt_ms, say): kept for later.
+		o.fields, o.has = fields, has
+		return
+	}
+	if u.cached > u.prompt || u.prompt > maxUsageTokens {
+		o.u.lies = true
+		return
+	}
+	o.fields, o.has = fields, has
+	u.ok = true
+	u.lies, u.respID = o.u.lies, o.u.respID
+	o.u = u
+	o.usageSeen++
+}
+
+// usageOf makes a usage of the fields read; false when they hold no prompt count.
+func usageOf(n *[numUsageFields]float64, h *[numUsageFields]bool) (usage, bool) {
 	var u usage
-	h, n := &r.has, &r.nums
 	switch {
 	case h[fPromptTokens]:
 		u.prompt = n[fPromptTokens]
@@ -872,19 +920,12 @@ func (o *answerObserver) take(r *scanResult) {
 		u.prompt = n[fTimingsPromptN] + n[fTimingsCacheN]
 		u.cached, u.cachedKnown = n[fTimingsCacheN], true
 	default:
-		return
+		return u, false
 	}
 	if h[fTimingsPromptN] && h[fTimingsPromptMS] {
 		u.computed, u.prefillMS = n[fTimingsPromptN], n[fTimingsPromptMS]
 	}
-	if u.cached > u.prompt || u.prompt > maxUsageTokens {
-		o.u.lies = true
-		return
-	}
-	u.ok = true
-	u.lies, u.respID = o.u.lies, o.u.respID
-	o.u = u
-	o.usageSeen++
+	return u, true
 }
 
 // finish ends the answer: a JSON answer counts only when it was whole; an SSE event cut short

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
@@ -38,11 +39,22 @@ func costPolicy(t *testing.T, pool reverseproxy.UpstreamPool, ups map[string]ene
 	return p
 }
 
+// streamedRequest is chatRequest for a streamed answer, the one whose first token llm_feedback
+// reports (costPolicy's feedback): a non-streamed request counts in the queued prefill until
+// its predicted first token at most, feedback or not.
+func streamedRequest(model, prompt string, headers ...string) (*http.Request, context.CancelFunc) {
+	r, cancel := chatRequest(model, prompt, headers...)
+	body := fmt.Sprintf(`{"model":%q,"stream":true,"messages":[{"role":"user","content":%q}]}`, model, prompt)
+	r.Body = io.NopCloser(strings.NewReader(body))
+	r.ContentLength = int64(len(body))
+	return r, cancel
+}
+
 // hold runs Select for a request that stays in flight until the test ends, and returns the
 // chosen dial address.
 func hold(t *testing.T, p *KVCacheAware, pool reverseproxy.UpstreamPool, prompt string, headers ...string) string {
 	t.Helper()
-	r, cancel := chatRequest("m", prompt, headers...)
+	r, cancel := streamedRequest("m", prompt, headers...)
 	t.Cleanup(cancel)
 	up := p.Select(pool, r, nil)
 	if up == nil {
@@ -174,7 +186,7 @@ func TestCostSessionLeavesSaturatedUpstreamAndComesBack(t *testing.T) {
 	// Three 10,000-token prefills queue on home.
 	var ends []context.CancelFunc
 	for i := range 3 {
-		r, cancel := chatRequest("m", bigCold(100+i, 10000))
+		r, cancel := streamedRequest("m", bigCold(100+i, 10000))
 		ends = append(ends, cancel)
 		t.Cleanup(cancel)
 		if up := p.Select(newPool(home), r, nil); up == nil || up.Dial != home {
@@ -208,7 +220,7 @@ func TestCostSessionFollowsItsCache(t *testing.T) {
 	}
 	var ends []context.CancelFunc
 	for i := range 3 {
-		r, cancel := chatRequest("m", bigCold(400+i, 10000))
+		r, cancel := streamedRequest("m", bigCold(400+i, 10000))
 		ends = append(ends, cancel)
 		t.Cleanup(cancel)
 		if up := p.Select(newPool("a:1"), r, nil); up == nil || up.Dial != "a:1" {
@@ -272,7 +284,7 @@ func TestCostPriorsBeforeLearned(t *testing.T) {
 	ups := map[string]energy.Profile{"a:1": {PrefillTokensPerSecond: 2000}}
 	p := costPolicy(t, pool, ups, true, func(p *KVCacheAware) { p.ExplainHeader = "X-Why" })
 	explain := func(prompt string) (string, map[string]string) {
-		r, cancel := chatRequest("m", prompt)
+		r, cancel := streamedRequest("m", prompt)
 		t.Cleanup(cancel)
 		w := httptest.NewRecorder()
 		up := p.Select(pool, r, w)
@@ -306,7 +318,8 @@ func TestCostPriorsBeforeLearned(t *testing.T) {
 func abs(v float64) float64 { return max(v, -v) }
 
 // Without llm_feedback a request counts in its upstream's queued prefill until its predicted
-// TTFT has passed; with it, until prefillDone (idempotent) or its end.
+// TTFT has passed; with it, a streamed request until prefillDone (idempotent) or its end, a
+// non-streamed one (no first token to see) still until its predicted TTFT.
 func TestCostPrefillDeadlineWithoutFeedback(t *testing.T) {
 	pool := newPool("a:1")
 	p := costPolicy(t, pool, nil, false)
@@ -319,7 +332,7 @@ func TestCostPrefillDeadlineWithoutFeedback(t *testing.T) {
 		"the request counted as prefilled once its predicted TTFT passed")
 
 	u.firstTokens.Store(true)
-	r, cancel := chatRequest("m", bigCold(2, 100))
+	r, cancel := streamedRequest("m", bigCold(2, 100))
 	defer cancel()
 	p.Select(pool, r, nil)
 	lr := requestFor(r, DefaultMaxBody)
@@ -333,6 +346,17 @@ func TestCostPrefillDeadlineWithoutFeedback(t *testing.T) {
 	if got := u.prefillTokens.Load(); got != 0 {
 		t.Errorf("after prefillDone (twice): %d tokens queued, want 0", got)
 	}
+
+	// A non-streamed request shows no first token, feedback or not: it counts until its
+	// predicted TTFT.
+	r, cancel = chatRequest("m", bigCold(3, 100))
+	defer cancel()
+	p.Select(pool, r, nil)
+	if got := u.prefillTokens.Load(); got < 90 {
+		t.Fatalf("a non-streamed request with llm_feedback: %d tokens queued after its decision, want about 100", got)
+	}
+	waitFor(t, func() bool { u.expirePrefill(time.Now().UnixNano()); return u.prefillTokens.Load() == 0 },
+		"a non-streamed request counted as prefilled once its predicted TTFT passed, with llm_feedback")
 }
 
 // The queued prefill stays exact whatever the order of decisions, retries, first tokens and
@@ -348,7 +372,7 @@ func TestCostPrefillAccountingExactUnderConcurrency(t *testing.T) {
 				defer wg.Done()
 				rng := rand.New(rand.NewPCG(uint64(g), 1))
 				for i := range 150 {
-					r, cancel := chatRequest("m", bigCold(g*1000+i, 50+rng.IntN(500)))
+					r, cancel := streamedRequest("m", bigCold(g*1000+i, 50+rng.IntN(500)))
 					up := p.Select(pool, r, nil)
 					lr := requestFor(r, DefaultMaxBody)
 					var wg2 sync.WaitGroup

@@ -104,6 +104,9 @@ type feedbackWriter struct {
 	a       *attempt // the attempt that answered
 	obs     answerObserver
 	firstAt time.Time // when the first content passed; zero until then
+	// firstByte: the answer's first byte is its first token (a prefill leg's JSON answer: it
+	// decodes one token).
+	firstByte bool
 }
 
 func (w *feedbackWriter) WriteHeader(code int) {
@@ -156,7 +159,7 @@ func (o observedReader) Read(p []byte) (int, error) {
 }
 
 func (w *feedbackWriter) observe(p []byte, at time.Time) {
-	if w.obs.write(p) && w.firstAt.IsZero() {
+	if (w.obs.write(p) || w.firstByte && len(p) > 0) && w.firstAt.IsZero() {
 		w.firstAt = at
 		w.firstContent()
 	}
@@ -194,6 +197,18 @@ func (w *feedbackWriter) start(code int) {
 	if kind != answerIgnored {
 		w.obs.begin(kind, lr.Format == llmreq.Responses)
 	}
+	switch {
+	case kind == answerSSE:
+		// Its first content event is its first token (firstContent).
+	case kind == answerJSON && a.pred.leg == legPrefill:
+		w.firstByte = true
+	default:
+		// A non-streamed answer (or an error) marks no first token: its first byte comes after
+		// its whole decode, and an answer's time to it is no time to first token. Its prefill
+		// is over now at the latest.
+		a.pred.settle(a.u)
+		lr.endPrefill(false)
+	}
 }
 
 // mediaType is a Content-Type without its parameters (mime.ParseMediaType allocates a map per
@@ -205,7 +220,8 @@ func mediaType(ct string) string {
 	return strings.TrimSpace(ct)
 }
 
-// firstContent: the attempt's first token passed. The request's uncached prefill work is done.
+// firstContent: the attempt's first token passed (a streamed answer's first content event, a
+// prefill leg's first byte). The request's uncached prefill work is done.
 func (w *feedbackWriter) firstContent() {
 	w.a.pred.settle(w.a.u)
 	w.lr.prefillDone()
@@ -257,6 +273,7 @@ type prediction struct {
 	best    int     // the most any candidate held
 	runes   int     // of the routing text
 	cpt     float64 // the model's chars per token then
+	whole   bool    // the routing text is the whole prompt (not cut at max_body)
 	// ahead is how many earlier attempts on the same upstream were still waiting for their first
 	// token when this one was decided: one of them may have put the prefix this one matched in
 	// the tree without its engine having computed it yet.
@@ -286,7 +303,7 @@ func (p *KVCacheAware) recordPrediction(r *http.Request, req *llmRequest, a *att
 	pr := &a.pred
 	pr.s, pr.start, pr.leg, pr.tree = p.state, time.Now(), req.leg, treeName
 	pr.matched, pr.best, pr.runes, pr.cpt = c.match, max(req.bestMatch, c.match), req.Runes, p.state.charsPerToken(req.Model)
-	pr.watched = true
+	pr.watched, pr.whole = true, !req.partialText()
 	pr.ahead = fb.awaiting.Add(1) - 1
 	if given := a.pred.best - a.pred.matched; given > 0 {
 		fb.givenUp.add(float64(given) / a.pred.cpt)
@@ -416,9 +433,10 @@ func (s *state) credit(r *http.Request, lr *llmRequest, a *attempt, u usage, gav
 	fb.withCached.Add(1)
 	// The answer counts this prompt's tokens: its own chars per token turns the runes the tree
 	// matched into the engine's tokens, where the model's average (or the default 4) can be off
-	// by a fifth on one prompt, hundreds of tokens on a long prefix.
+	// by a fifth on one prompt, hundreds of tokens on a long prefix. Not when the routing text
+	// is only part of the prompt: its runes over all the prompt's tokens would be too few.
 	cpt := p.cpt
-	if u.prompt >= 1 && p.runes > 0 {
+	if u.prompt >= 1 && p.runes > 0 && p.whole {
 		cpt = min(maxCharsPerToken, max(minCharsPerToken, float64(p.runes)/u.prompt))
 	}
 	predicted := float64(p.matched) / cpt

@@ -70,6 +70,13 @@ var answers = map[string]scripted{
 		"event: content_block_start\ndata: {\"type\":\"content_block_start\",\"index\":0,\"content_block\":{\"type\":\"text\",\"text\":\"\"}}\n\n",
 		"event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"Hello\"}}\n\n",
 		"event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n"}},
+	// Anthropic's message_delta with its cumulative input_tokens and no cache fields: the
+	// cached tokens message_start reported stand.
+	"anthropic-sse-delta": {200, "text/event-stream", []string{
+		"event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"msg_1\",\"type\":\"message\",\"content\":[],\"usage\":{\"input_tokens\":200,\"cache_read_input_tokens\":%CACHED%,\"output_tokens\":1}}}\n\n",
+		"event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"Hello\"}}\n\n",
+		"event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"end_turn\"},\"usage\":{\"input_tokens\":200,\"output_tokens\":15}}\n\n",
+		"event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n"}},
 	"llamacpp-json": {200, "application/json", []string{`{"content":"Hi","stop":true,"timings":{"prompt_n":200,"prompt_ms":40.5,"cache_n":%CACHED%,"predicted_n":1}}`}},
 	"lying":         {200, "application/json", []string{`{"choices":[],"usage":{"prompt_tokens":10,"prompt_tokens_details":{"cached_tokens":1000000000000}}}`}},
 	"nan":           {200, "application/json", []string{`{"choices":[],"usage":{"prompt_tokens":NaN}}`}},
@@ -236,6 +243,7 @@ func TestFeedbackPassThrough(t *testing.T) {
 		{"responses-sse", "/v1/responses", `{"model":"m","input":"` + strings.Repeat("s", 300) + `","stream":true}`, want{usage: 1, cached: 1, respID: true}},
 		{"anthropic-json", "/v1/messages", `{"model":"m","max_tokens":5,"messages":[{"role":"user","content":"hi"}]}`, want{usage: 1, cached: 1}},
 		{"anthropic-sse", "/v1/messages", `{"model":"m","max_tokens":5,"stream":true,"messages":[{"role":"user","content":"hi"}]}`, want{usage: 1, cached: 1}},
+		{"anthropic-sse-delta", "/v1/messages", `{"model":"m","max_tokens":5,"stream":true,"messages":[{"role":"user","content":"hi"}]}`, want{usage: 1, cached: 1}},
 		{"llamacpp-json", "/v1/chat/completions", prompt, want{usage: 1, cached: 1}},
 		{"lying", "/v1/chat/completions", prompt, want{lies: 1}},
 		{"nan", "/v1/chat/completions", prompt, want{lies: 1}},

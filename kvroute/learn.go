@@ -57,7 +57,8 @@ const (
 	// maxCharsBias bounds the error of a published chars per token that the requests in flight
 	// at the window's edges may cause (learnChars).
 	maxCharsBias = 0.05
-	// maxLearnedModels bounds the models a chars per token is learned for.
+	// maxLearnedModels bounds the models a chars per token is learned for (only listed ones:
+	// learnChars).
 	maxLearnedModels = 256
 )
 
@@ -80,6 +81,17 @@ type sentCounts struct {
 	// the last interval, when no chars per token is learned from it.
 	model atomic.Pointer[string]
 	mixed atomic.Bool
+	// partial counts the requests in flight whose routing text is only part of their prompt
+	// (llmRequest.partialText): the engine counts tokens the router never read.
+	// partialSeen: one started or ended since the last interval.
+	partial     atomic.Int64
+	partialSeen atomic.Bool
+}
+
+// partialIn counts a request with partial routing text in (d = 1) or out (-1).
+func (c *sentCounts) partialIn(d int64) {
+	c.partial.Add(d)
+	c.partialSeen.Store(true)
 }
 
 // sent counts one decision for u (the request path: atomics only).
@@ -114,7 +126,9 @@ type upstreamLearn struct {
 	lastSent  [3]int64 // sent.requests, chars and matched at the previous interval
 	lastEnded int64    // sent.ended at the previous interval
 	lastRaw   int64    // the engine's load beyond this router's at the previous reading
-	slots     slotLearn
+	// lastPartial: a request with partial routing text ran in the previous interval.
+	lastPartial bool
+	slots       slotLearn
 
 	// answers are prefill speed samples from single answers (llm_feedback: learnAnswer), and
 	// answerSpeed their median (float64 bits; 0 until there are minSpeedSamples of them).
@@ -197,6 +211,9 @@ type modelChars struct {
 	n     int
 	value atomic.Uint64
 	used  atomic.Uint64 // the value the trees' bounds were last computed with
+	// touched is when an interval was last taken in (unix nanoseconds): the entry that learned
+	// nothing for the longest gives way when the table is full.
+	touched atomic.Int64
 }
 
 // charsPerToken is the chars of routing text per prompt token for model: learned, else
@@ -247,6 +264,13 @@ func (s *state) learnFrom(u *upstreamState, cur *telemetry.Snapshot) {
 	dEnded := ended - l.lastEnded
 	l.lastEnded = ended
 	mixed := l.sent.mixed.Swap(false)
+	// A request whose routing text is part of its prompt (cut at max_body) ran in this interval:
+	// its engine counted tokens of text the router never read (two 10 MB prompts took a
+	// learned 7 chars per token to 2.9). The interval after it too: the engine may count at
+	// the request's end, just before this reading, and the router see its end just after.
+	partial := l.sent.partialSeen.Swap(false) || l.sent.partial.Load() > 0
+	afterPartial := l.lastPartial
+	l.lastPartial = partial
 	raw, outside := int64(0), true
 	if e := u.engine.Load(); e != nil {
 		raw, outside = e.raw, e.outside
@@ -293,8 +317,8 @@ func (s *state) learnFrom(u *upstreamState, cur *telemetry.Snapshot) {
 				f.PredictedHitRatio = &p
 			}
 		}
-		if m := l.sent.model.Load(); m != nil && !mixed && !external {
-			s.learnChars(*m, d, dSent, dEnded)
+		if m := l.sent.model.Load(); m != nil && !mixed && !external && !partial && !afterPartial {
+			s.learnChars(u.addr, *m, d, dSent, dEnded)
 		}
 	}
 	l.routed.add(float64(dSent[1]))
@@ -414,7 +438,12 @@ func (s *state) outsideTraffic(u *upstreamState, cur *telemetry.Snapshot, interv
 // chars sent and the chars ended, and the figure is published only while these
 // differ by at most 1.8 × maxCharsBias of it: its error is then within maxCharsBias, whichever
 // moment the engine counts at (half the gap, over the chars sent or ended).
-func (s *state) learnChars(model string, d *telemetry.Delta, dSent [3]int64, dEnded int64) {
+//
+// A model gets its place in the table (maxLearnedModels) only when the engine at addr, which
+// exports its prompt-token totals, lists it (its /v1/models, or its upstream block's models):
+// model names come from clients, and one no engine lists never learns a figure. When the table
+// is full, the entry that learned nothing for the longest gives way.
+func (s *state) learnChars(addr, model string, d *telemetry.Delta, dSent [3]int64, dEnded int64) {
 	tokens := 0.0
 	switch {
 	case d.Known.Has(telemetry.HasPromptTokens):
@@ -438,8 +467,13 @@ func (s *state) learnChars(model string, d *telemetry.Delta, dSent [3]int64, dEn
 	}
 	v, ok := s.learnedChars.Load(model)
 	if !ok {
-		// Model names come from clients: a bounded number of them are learned.
-		if s.nLearnedChars.Load() >= maxLearnedModels {
+		// Model names come from clients: only a model the engine lists, and a bounded number
+		// of them. (From its first interval on, even one whose tokens the engine has not
+		// counted yet: left out, those chars would come back as tokens without chars.)
+		if !s.listedModel(addr, model) {
+			return
+		}
+		if s.nLearnedChars.Load() >= maxLearnedModels && !s.evictUnlearned() {
 			return
 		}
 		var loaded bool
@@ -448,6 +482,7 @@ func (s *state) learnChars(model string, d *telemetry.Delta, dSent [3]int64, dEn
 		}
 	}
 	mc := v.(*modelChars)
+	mc.touched.Store(time.Now().UnixNano())
 	mc.mu.Lock()
 	mc.sum.chars += float64(dSent[1])
 	mc.sum.ended += float64(dEnded)
@@ -472,6 +507,36 @@ func (s *state) learnChars(model string, d *telemetry.Delta, dSent [3]int64, dEn
 		s.forest.SetLimits(s.limitsLocked(s.options.maxTreeSize))
 		s.mu.Unlock()
 	}
+}
+
+// listedModel reports whether the engine at addr serves model by name: its upstream block's
+// models, else its latest /v1/models.
+func (s *state) listedModel(addr, model string) bool {
+	if prof, ok := s.profile(addr); ok && len(prof.Models) > 0 {
+		return slices.Contains(prof.Models, model)
+	}
+	_, ok := s.modelList(addr).Find(model)
+	return ok
+}
+
+// evictUnlearned removes, from the full table of learned models, the entry that has learned no
+// figure and was taken in least recently; false when every entry learned one.
+func (s *state) evictUnlearned() bool {
+	var oldest string
+	var at int64
+	var victim *modelChars
+	s.learnedChars.Range(func(k, v any) bool {
+		mc := v.(*modelChars)
+		if mc.value.Load() == 0 && (victim == nil || mc.touched.Load() < at) {
+			oldest, at, victim = k.(string), mc.touched.Load(), mc
+		}
+		return true
+	})
+	if victim == nil || !s.learnedChars.CompareAndDelete(oldest, victim) {
+		return false
+	}
+	s.nLearnedChars.Add(-1)
+	return true
 }
 
 // charsInterval is one interval of a model's chars per token: routing chars and requests this
@@ -632,7 +697,10 @@ func (s *state) learnedStatus(addr string) *learnedFigures {
 
 // learnAnswer takes in one answer's prefill (llm_feedback): llama.cpp's own prefill time when
 // it reports it, else its tokens not cached over the time from the attempt to its first content
-// (which includes the engine's queue, so a median of several, like the interval samples). A
+// (which includes the engine's queue, so a median of several, like the interval samples). Only
+// a streamed answer (or a prefill leg's, one token long) has a first content (hasTTFT): a
+// non-streamed answer's first byte comes after its whole decode, and its time would make the
+// speed uncached tokens over prefill and decode (1,958 tokens/s measured for a true 100,000). A
 // decode leg never comes here: its prompt arrived as KV blocks.
 func (s *state) learnAnswer(u *upstreamState, us usage, ttft time.Duration, hasTTFT bool) {
 	var v float64

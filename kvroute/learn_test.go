@@ -17,6 +17,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 
+	"github.com/kvroute/caddy-kvroute/energy"
 	"github.com/kvroute/caddy-kvroute/kvroute/cluster"
 	"github.com/kvroute/caddy-kvroute/kvroute/llmreq"
 	"github.com/kvroute/caddy-kvroute/kvroute/telemetry"
@@ -45,8 +46,9 @@ type countingEngine struct {
 	prompt, hits, prefill float64
 	requests              int
 	outsideStarted        int
-	seen                  int     // requests received, refused ones included
-	start                 float64 // process_start_time_seconds
+	seen                  int      // requests received, refused ones included
+	served                []string // the models its /v1/models lists (nil: the tests' models)
+	start                 float64  // process_start_time_seconds
 }
 
 func newCountingEngine(t *testing.T, name string, charsPerToken, prefillSpeed float64) *countingEngine {
@@ -67,7 +69,15 @@ func (e *countingEngine) restart() {
 
 func (e *countingEngine) serve(w http.ResponseWriter, r *http.Request) {
 	if r.URL.Path == "/v1/models" {
-		http.NotFound(w, r) // the readers' model list: not a request
+		// The readers' model list: not a request. The models the tests send it, or those of
+		// served.
+		e.mu.Lock()
+		served := e.served
+		e.mu.Unlock()
+		if served == nil {
+			served = []string{"learn-m", "restart-m", "refuse-m", "peer-m", "flight-m", "ghost-m", "heavy-m"}
+		}
+		io.WriteString(w, modelList(served...))
 		return
 	}
 	if r.URL.Path != "/metrics" {
@@ -118,6 +128,14 @@ vllm:request_prefill_time_seconds_sum{%[1]s} %[4]v
 vllm:request_prefill_time_seconds_count{%[1]s} %[5]d
 process_start_time_seconds %[6]v
 `, l, e.prompt, e.hits, e.prefill, e.requests+e.outsideStarted, e.start, e.phantom+e.outside)
+}
+
+// listModels gives s an upstream block for addr that names models (as a Caddyfile's
+// `upstream addr { models ... }`): chars per token is learned only for a listed model.
+func listModels(s *state, addr string, models ...string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.regs[&registration{provisioned: time.Now(), profiles: map[string]energy.Profile{addr: {Models: models}}}] = struct{}{}
 }
 
 func learnedOf(t *testing.T, addr string) learnedFigures {
@@ -371,6 +389,7 @@ func TestPeerLearnedFigures(t *testing.T) {
 func TestCharsPerTokenWithRequestsInFlight(t *testing.T) {
 	s := newState()
 	u := s.upstream("engine:1")
+	listModels(s, "engine:1", "flight-m")
 	published := 0
 	var decided, ending []*attempt
 	counted := 0 // requests the engine counted since the last reading
@@ -493,6 +512,9 @@ func TestExternalLoadNeedsTheEnginesCounts(t *testing.T) {
 func TestCharsPerTokenOverloadedFleet(t *testing.T) {
 	s := newState()
 	ups := []*upstreamState{s.upstream("e:1"), s.upstream("e:2"), s.upstream("e:3"), s.upstream("e:4")}
+	for _, u := range ups {
+		listModels(s, u.addr, "heavy-m")
+	}
 	const life, count = 12, 6 // intervals in flight; the engine counts it this many after its decision
 	type inFlight struct {
 		a       *attempt
@@ -552,5 +574,141 @@ func TestCharsPerTokenOverloadedFleet(t *testing.T) {
 	}
 	if c := s.charsPerToken("heavy-m"); math.Abs(c-7) > 0.01 {
 		t.Errorf("every request ended and counted: %.3f chars per token, want 7", c)
+	}
+}
+
+// TestCharsPerTokenLeavesOutPartialRoutingText: a request longer than max_body routes on the
+// text of its first max_body bytes, while its engine counts all its tokens: two 10 MB prompts
+// made the learned chars per token fall from 3.9 to 1.60. Only requests whose routing text is
+// the whole prompt teach it.
+func TestCharsPerTokenLeavesOutPartialRoutingText(t *testing.T) {
+	e := newCountingEngine(t, "u1", 7, 2000)
+	startCaddy(t, proxyConfig(fleet{e.backend}, "", `telemetry {
+				interval 100ms
+				timeout 100ms
+			}`, ""))
+	client := newClient(t, 60*time.Second)
+	normal := func(i int) {
+		if _, resp := send(t, client, baseURL+"/v1/chat/completions", chatBody("learn-m", coldPrompt(i)+strings.Repeat(" with more words", 40))); resp.StatusCode != http.StatusOK {
+			t.Fatalf("status %d", resp.StatusCode)
+		}
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	i := 0
+	for ; ; i++ {
+		if time.Now().After(deadline) {
+			t.Fatalf("no chars per token learned after %d requests", i)
+		}
+		normal(i)
+		if _, ok := getStatus(t).CharsPerToken["learn-m"]; ok && i >= 40 {
+			break
+		}
+	}
+	before := getStatus(t).CharsPerToken["learn-m"]
+	huge := strings.Repeat("a ten megabyte prompt, far beyond max_body. ", 10<<20/44)
+	for range 2 {
+		if _, resp := send(t, client, baseURL+"/v1/chat/completions", chatBody("learn-m", huge)); resp.StatusCode != http.StatusOK {
+			t.Fatalf("a 10 MB request: status %d", resp.StatusCode)
+		}
+	}
+	// Intervals go by, with the usual requests.
+	for end := time.Now().Add(1500 * time.Millisecond); time.Now().Before(end); i++ {
+		normal(i)
+	}
+	after := getStatus(t).CharsPerToken["learn-m"]
+	t.Logf("chars per token %.3f before two 10 MB requests, %.3f after", before, after)
+	if math.Abs(after-7)/7 > 0.05 {
+		t.Errorf("after two 10 MB requests (routing text capped at max_body) the learned chars per token is %.3f (%.3f before); want 7 ± 5%%", after, before)
+	}
+}
+
+// TestCharsPerTokenTableKeepsNoJunk: model names come from clients. A name no engine lists
+// (its requests answered all the same, as llama.cpp answers any model) learns nothing and
+// takes no place in the table of learned models; the listed model learns.
+func TestCharsPerTokenTableKeepsNoJunk(t *testing.T) {
+	fastModels(t)
+	e := newCountingEngine(t, "u1", 7, 2000)
+	e.served = []string{"listed-m"}
+	startCaddy(t, proxyConfig(fleet{e.backend}, "", `telemetry {
+				interval 100ms
+				timeout 100ms
+			}`, ""))
+	client := newClient(t, 10*time.Second)
+	s := currentState()
+	junk := func() (names []string) {
+		s.learnedChars.Range(func(k, _ any) bool {
+			if strings.HasPrefix(k.(string), "junk-") {
+				names = append(names, k.(string))
+			}
+			return true
+		})
+		return names
+	}
+	// One junk name per interval (an interval that sent two models teaches nothing either way).
+	for i := range 30 {
+		if _, resp := send(t, client, baseURL+"/v1/chat/completions", chatBody(fmt.Sprintf("junk-%d", i), coldPrompt(i)+strings.Repeat(" with more words", 40))); resp.StatusCode != http.StatusOK {
+			t.Fatalf("status %d", resp.StatusCode)
+		}
+		time.Sleep(120 * time.Millisecond)
+	}
+	time.Sleep(300 * time.Millisecond)
+	if names := junk(); len(names) > 0 || s.nLearnedChars.Load() > 0 {
+		t.Errorf("after 30 model names no engine lists: %d entries in the table of learned models (%d of them junk: %.80v)", s.nLearnedChars.Load(), len(names), names)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for i := 0; ; i++ {
+		if time.Now().After(deadline) {
+			t.Fatalf("the listed model learned no chars per token after %d requests", i)
+		}
+		if _, resp := send(t, client, baseURL+"/v1/chat/completions", chatBody("listed-m", coldPrompt(100+i)+strings.Repeat(" with more words", 40))); resp.StatusCode != http.StatusOK {
+			t.Fatalf("status %d", resp.StatusCode)
+		}
+		if c, ok := getStatus(t).CharsPerToken["listed-m"]; ok && i >= 40 {
+			if math.Abs(c-7)/7 > 0.05 {
+				t.Errorf("listed-m learned %.3f chars per token, want 7 ± 5%%", c)
+			}
+			break
+		}
+	}
+	if n := s.nLearnedChars.Load(); n != 1 {
+		t.Errorf("%d entries in the table of learned models, want 1 (listed-m)", n)
+	}
+}
+
+// TestCharsPerTokenTableEvictsUnlearned: a full table of learned models makes room for a new
+// listed model by dropping the entry that learned nothing for the longest; one that learned a
+// figure stays.
+func TestCharsPerTokenTableEvictsUnlearned(t *testing.T) {
+	s := newState()
+	models := make([]string, 0, maxLearnedModels+1)
+	for i := range maxLearnedModels + 1 {
+		models = append(models, fmt.Sprintf("m%d", i))
+	}
+	listModels(s, "e:1", models...)
+	d := &telemetry.Delta{Seconds: 1, PromptTokens: 10, Known: telemetry.HasPromptTokens}
+	for _, m := range models[:maxLearnedModels] {
+		s.learnChars("e:1", m, d, [3]int64{1, 70, 0}, 70)
+	}
+	// m0 learns a figure.
+	big := &telemetry.Delta{Seconds: 1, PromptTokens: minCharsTokens, Known: telemetry.HasPromptTokens}
+	for range minCharsIntervals {
+		s.learnChars("e:1", "m0", big, [3]int64{1, 7 * minCharsTokens, 0}, 7*minCharsTokens)
+	}
+	if c := s.charsPerToken("m0"); c != 7 {
+		t.Fatalf("m0 learned %v chars per token, want 7", c)
+	}
+	s.learnChars("e:1", models[maxLearnedModels], d, [3]int64{1, 70, 0}, 70)
+	if _, ok := s.learnedChars.Load(models[maxLearnedModels]); !ok || s.nLearnedChars.Load() != maxLearnedModels {
+		t.Fatalf("a new listed model on a full table: taken in %v, %d entries; want taken in, %d", ok, s.nLearnedChars.Load(), maxLearnedModels)
+	}
+	if _, ok := s.learnedChars.Load("m0"); !ok {
+		t.Error("the model that learned a figure was evicted")
+	}
+	if _, ok := s.learnedChars.Load("m1"); ok {
+		t.Error("m1, the oldest entry that learned nothing, is still there")
+	}
+	s.learnChars("e:1", "unlisted", d, [3]int64{1, 70, 0}, 70)
+	if _, ok := s.learnedChars.Load("unlisted"); ok {
+		t.Error("a model the engine does not list took a place")
 	}
 }

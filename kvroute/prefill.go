@@ -13,8 +13,11 @@ import (
 // first content delta), when it ends (untrack), or when a retry moves it (track). Without
 // llm_feedback no first token is ever reported: a request then counts as prefilled once the
 // time the decision predicted for its first token has passed (its deadline). An upstream for
-// which llm_feedback has reported a first token is trusted to report every one: its requests
-// count until their first token or their end, however late.
+// which llm_feedback has reported a first token is trusted to report every one of a streamed
+// request: those count until their first token or their end, however late. A request whose
+// first token no answer can show (a non-streamed one: its answer comes after its whole decode)
+// counts until its deadline wherever it went, or until its answer's headers come (llm_feedback:
+// a non-streamed answer's headers come after its prefill), whichever is first.
 
 // prefillShare is one request's share of its pick's queued prefill. It is allocated apart from
 // the request: a queue entry that outlives its request (dropped at a later decision) then pins
@@ -25,11 +28,15 @@ type prefillShare struct {
 	tokens   int64
 	deadline int64  // unix nanoseconds: the decision plus its predicted time to first token
 	gen      uint32 // bumped on every attempt: a queue entry of an earlier attempt is stale
+	// unseen: the attempt's first token will not be reported (a non-streamed request): it
+	// counts until its deadline at most, on any upstream.
+	unseen bool
 }
 
 // startPrefill counts the request's uncached tokens on u (moving them from an earlier
-// attempt's pick), until ttft nanoseconds from now at the latest when u gets no feedback.
-func (lr *llmRequest) startPrefill(u *upstreamState, uncached, ttft int64) {
+// attempt's pick), until ttft nanoseconds from now at the latest when u gets no feedback or
+// the attempt's first token is unseen.
+func (lr *llmRequest) startPrefill(u *upstreamState, uncached, ttft int64, unseen bool) {
 	now := time.Now().UnixNano()
 	p := lr.prefill.Load()
 	if p == nil {
@@ -42,7 +49,7 @@ func (lr *llmRequest) startPrefill(u *upstreamState, uncached, ttft int64) {
 		p.on.prefillTokens.Add(-p.tokens)
 	}
 	p.gen++
-	p.on, p.tokens, p.deadline = u, max(0, uncached), now+max(0, ttft)
+	p.on, p.tokens, p.deadline, p.unseen = u, max(0, uncached), now+max(0, ttft), unseen
 	u.prefillTokens.Add(p.tokens)
 	gen, deadline := p.gen, p.deadline
 	p.mu.Unlock()
@@ -69,14 +76,15 @@ func (lr *llmRequest) endPrefill(fromFeedback bool) {
 }
 
 // expireIf ends the attempt gen's prefill when it is still counted on u and either past its
-// deadline (expire) or not counted any more; it reports whether the queue entry can go.
+// deadline (expire, or its first token unseen) or not counted any more; it reports whether the
+// queue entry can go.
 func (p *prefillShare) expireIf(u *upstreamState, gen uint32, now int64, expire bool) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.on != u || p.gen != gen {
 		return true // done, moved, or a later attempt's entry follows
 	}
-	if !expire || now < p.deadline {
+	if !(expire || p.unseen) || now < p.deadline {
 		return false
 	}
 	u.prefillTokens.Add(-p.tokens)
@@ -110,8 +118,8 @@ func (q *prefillQueue) push(e pendingPrefill) {
 	q.mu.Unlock()
 }
 
-// expirePrefill drops u's queue entries that are done and, without feedback, ends the
-// prefill of the requests past their deadline. It runs on the decision's path for every
+// expirePrefill drops u's queue entries that are done and ends the prefill of the requests
+// past their deadline: all of them without feedback, else those whose first token is unseen. It runs on the decision's path for every
 // candidate: amortised, a few entries a call.
 func (u *upstreamState) expirePrefill(now int64) {
 	q := &u.prefillQ

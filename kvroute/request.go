@@ -199,7 +199,8 @@ func (lr *llmRequest) promptTokens() int64 {
 // track counts the request as in flight on u until the request ends; a retry moves it from the
 // previous pick. uncached is the prompt's tokens the decision predicted u must prefill, ttft
 // (nanoseconds) how long it predicted that takes: the request counts in u's queued prefill
-// until its first token (prefillDone) or, without llm_feedback, until ttft has passed.
+// until its first token (prefillDone) or, when no answer will show its first token (without
+// llm_feedback, or a non-streamed request), until ttft has passed.
 func (lr *llmRequest) track(r *http.Request, u *upstreamState, estimate, uncached, ttft int64) {
 	if lr.pick.Load() == nil && lr.tokens.Load() == 0 {
 		lr.tokens.Store(estimate)
@@ -207,10 +208,17 @@ func (lr *llmRequest) track(r *http.Request, u *upstreamState, estimate, uncache
 	tokens := lr.promptTokens()
 	u.inFlight.Add(1)
 	u.queuedTokens.Add(tokens)
-	lr.startPrefill(u, uncached, ttft)
+	lr.startPrefill(u, uncached, ttft, !lr.firstTokenSeen())
+	partial := lr.partialText()
+	if partial {
+		u.learn.sent.partialIn(1)
+	}
 	if old := lr.pick.Swap(u); old != nil {
 		old.inFlight.Add(-1)
 		old.queuedTokens.Add(-tokens)
+		if partial {
+			old.learn.sent.partialIn(-1)
+		}
 	} else {
 		context.AfterFunc(r.Context(), lr.untrack)
 	}
@@ -220,12 +228,30 @@ func (lr *llmRequest) track(r *http.Request, u *upstreamState, estimate, uncache
 	}
 }
 
+// firstTokenSeen reports whether an answer can show the attempt's first token to llm_feedback:
+// a streamed one (its first content event), or a prefill leg's (llm_disaggregate asks for one
+// token: its answer comes at its prefill's end). Whether llm_feedback reads the answer at all
+// is the upstream's firstTokens.
+func (lr *llmRequest) firstTokenSeen() bool {
+	return lr.Stream || lr.leg == legPrefill
+}
+
+// partialText reports whether the routing text may be only part of the prompt: the body was
+// cut at max_body (or its reading failed). Its engine counts all the prompt's tokens: no chars
+// per token is learned while it runs (learnFrom).
+func (lr *llmRequest) partialText() bool {
+	return lr.Truncated || lr.err != nil
+}
+
 // untrack stops counting the request as in flight.
 func (lr *llmRequest) untrack() {
 	lr.endPrefill(false)
 	if u := lr.pick.Swap(nil); u != nil {
 		u.inFlight.Add(-1)
 		u.queuedTokens.Add(-lr.promptTokens())
+		if lr.partialText() {
+			u.learn.sent.partialIn(-1)
+		}
 		loadChanged()
 	}
 }
