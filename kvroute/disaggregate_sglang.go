@@ -342,8 +342,10 @@ func (d *Disaggregate) serveSGLang(w http.ResponseWriter, r *http.Request, next 
 	dctx, dcancel := context.WithCancel(r.Context())
 	defer dcancel()
 	var prefillErr error
+	var refused bool // the prefill engine answered a 4xx: the client's answer unless the decode engine's comes
 	prefillDone := make(chan struct{})
-	gate := &decodeGate{ResponseWriterWrapper: caddyhttp.ResponseWriterWrapper{ResponseWriter: w}, prefillDone: prefillDone}
+	prefillEnded := make(chan struct{}) // the prefill leg's outcome is known
+	gate := &decodeGate{ResponseWriterWrapper: caddyhttp.ResponseWriterWrapper{ResponseWriter: w}, prefillEnded: prefillEnded, committed: make(chan struct{})}
 	go func() {
 		defer close(prefillDone)
 		start := time.Now()
@@ -353,11 +355,30 @@ func (d *Disaggregate) serveSGLang(w http.ResponseWriter, r *http.Request, next 
 		case err != nil:
 		case rec.over:
 			err = errors.New("prefill answer over its bound")
+		case rec.status >= 400 && rec.status <= 499:
+			// The engine refused the request (too long a prompt, a bad parameter): not a failed
+			// leg but the client's answer. The decode engine checks the same body and most
+			// likely refuses it too: its answer, if it comes within decodeErrorHold, is the
+			// client's; else the decode leg, which waits for a room no prefill will fill, is
+			// cancelled and the client gets this one.
+			refused = true
+			close(prefillEnded)
+			t := time.NewTimer(decodeErrorHold)
+			select {
+			case <-gate.committed:
+			case <-t.C:
+			}
+			t.Stop()
+			if gate.abort() {
+				dcancel()
+			}
+			return
 		case rec.status < 200 || rec.status > 299:
 			err = fmt.Errorf("prefill answer status %d", rec.status)
 		default:
 			disaggMetrics.prefillSeconds.Observe(time.Since(start).Seconds())
 		}
+		defer close(prefillEnded)
 		if err != nil {
 			l.mu.Lock()
 			if l.pickErr != nil {
@@ -380,6 +401,10 @@ func (d *Disaggregate) serveSGLang(w http.ResponseWriter, r *http.Request, next 
 	select {
 	case <-l.reached:
 	default:
+		if refused {
+			d.count(disaggSplit)
+			return rec.answer(w)
+		}
 		// The prefill leg ended without reaching an engine (none available, dial errors, a
 		// refusal): the decode leg is never sent.
 		d.count(disaggPrefillFailed)
@@ -414,6 +439,10 @@ func (d *Disaggregate) serveSGLang(w http.ResponseWriter, r *http.Request, next 
 	}
 	pcancel()
 	<-prefillDone
+	if gate.aborted() && refused && r.Context().Err() == nil {
+		d.count(disaggSplit)
+		return rec.answer(w)
+	}
 	if gate.aborted() {
 		d.count(disaggPrefillFailed)
 		if r.Context().Err() != nil {
@@ -439,10 +468,11 @@ func holdBody(r *http.Request, lr *llmRequest, body []byte) {
 // error (nothing of the decode leg written); one that fails after it leaves the answer be.
 type decodeGate struct {
 	caddyhttp.ResponseWriterWrapper
-	prefillDone <-chan struct{}
-	mu          sync.Mutex
-	state       int // gateOpen, gateCommitted, gateAborted
-	status      int
+	prefillEnded <-chan struct{}
+	committed    chan struct{} // closed when the decode answer starts going to the client
+	mu           sync.Mutex
+	state        int // gateOpen, gateCommitted, gateAborted
+	status       int
 }
 
 const (
@@ -494,6 +524,7 @@ func (g *decodeGate) commit(code int) bool {
 			return true // an informational answer commits nothing
 		}
 		g.state, g.status = gateCommitted, code
+		close(g.committed)
 	}
 	return true
 }
@@ -504,7 +535,7 @@ func (g *decodeGate) WriteHeader(code int) {
 		// failed, the gate is closed by then and the client gets the prefill leg's 502.
 		t := time.NewTimer(decodeErrorHold)
 		select {
-		case <-g.prefillDone:
+		case <-g.prefillEnded:
 		case <-t.C:
 		}
 		t.Stop()
@@ -528,13 +559,27 @@ func (g *decodeGate) ReadFrom(r io.Reader) (int64, error) {
 
 // drainRecorder takes a prefill leg's answer under protocol sglang: the status, and the body
 // read and discarded, at most maxPrefillAnswer bytes of it (the answer is one token; more is
-// an engine gone wrong, and the leg ends).
+// an engine gone wrong, and the leg ends); the body of a 4xx answer is kept, for the client.
 type drainRecorder struct {
 	header  http.Header
 	status  int
 	n       int
 	over    bool
 	reached func() // the prefill engine answered: it was reached, whatever the transport said
+	refusal bytes.Buffer
+}
+
+// answer writes a 4xx answer of the prefill engine to the client as the engine gave it.
+func (w *drainRecorder) answer(to http.ResponseWriter) error {
+	h := to.Header()
+	for k, v := range w.header {
+		if k != "Content-Length" {
+			h[k] = v
+		}
+	}
+	to.WriteHeader(w.status)
+	_, err := to.Write(w.refusal.Bytes())
+	return err
 }
 
 func (w *drainRecorder) Header() http.Header { return w.header }
@@ -557,6 +602,9 @@ func (w *drainRecorder) Write(p []byte) (int, error) {
 		return 0, errPrefillAnswerTooLarge
 	}
 	w.n += len(p)
+	if w.status >= 400 && w.status <= 499 {
+		w.refusal.Write(p)
+	}
 	return len(p), nil
 }
 
