@@ -602,3 +602,57 @@ func TestDisaggregateSGLangEngineRefusal(t *testing.T) {
 		t.Errorf("prefill_failed counted %d for engine refusals, want 0", n)
 	}
 }
+
+// TestDisaggregateSGLangPrefillDiesBeforeFirstByte: SGLang's streamed /generate sends its 200
+// and event-stream header at once, then waits for the room's KV (until its bootstrap timeout,
+// minutes in a real deployment). A prefill engine that dies mid-prefill, while the decode
+// engine has sent its header and no byte of body, gives the client the documented 502 at once
+// (the gate commits on the decode answer's first body byte, not its header), and cancels the
+// decode leg.
+func TestDisaggregateSGLangPrefillDiesBeforeFirstByte(t *testing.T) {
+	p, dec := newSGEngine(t), newSGEngine(t)
+	p.set(true, 0) // mid-prefill until it dies
+	dec.mu.Lock()
+	dec.headFirst, dec.hold = true, true // header sent, then waiting for the room
+	dec.mu.Unlock()
+	startCaddy(t, pdConfig(p.addr(), dec.addr(), "protocol sglang", ""))
+	failed := disaggCounts[disaggPrefillFailed].Load()
+	type result struct {
+		code int
+		body string
+		at   time.Time
+	}
+	done := make(chan result, 1)
+	go func() {
+		client := &http.Client{Timeout: 15 * time.Second} // far below SGLang's bootstrap timeout, far above the bound below
+		resp, err := client.Post(baseURL+"/v1/chat/completions", "application/json", strings.NewReader(longChat(true, "")))
+		if err != nil {
+			done <- result{0, err.Error(), time.Now()}
+			return
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		done <- result{resp.StatusCode, string(b), time.Now()}
+	}()
+	for _, e := range []*sgEngine{p, dec} {
+		select {
+		case <-e.arrived:
+		case <-time.After(10 * time.Second):
+			t.Fatal("a leg never arrived")
+		}
+	}
+	killed := time.Now()
+	p.srv.CloseClientConnections() // the prefill engine dies: its connection reset mid-request
+	res := <-done
+	if took := res.at.Sub(killed); res.code != http.StatusBadGateway || took > 5*time.Second {
+		t.Errorf("prefill engine died before the decode answer's first byte: status %d after %v (body %q); want 502 within 5s", res.code, took.Round(time.Millisecond), res.body)
+	}
+	select {
+	case <-dec.cancelled:
+	case <-time.After(10 * time.Second):
+		t.Error("the decode leg was not cancelled")
+	}
+	if n := disaggCounts[disaggPrefillFailed].Load() - failed; n != 1 {
+		t.Errorf("prefill_failed counted %d, want 1", n)
+	}
+}
