@@ -418,6 +418,20 @@ func (d *Disaggregate) aggregated(w http.ResponseWriter, r *http.Request, next c
 		}
 		return next.ServeHTTP(w, r)
 	}
+	if !identity && lr.body != nil && lr.body.Whole() && lr.err == nil {
+		// A gzip or deflate body held whole that decodes to at most max_body: filtered at once
+		// and held decoded, so that retries resend it. A larger one streams below.
+		raw, _ := lr.body.Prefix(lr.maxBody + 1)
+		if dec, truncated, err := llmreq.Decode(raw, false, ce, lr.maxBody); err == nil && !truncated {
+			body, err := stripPD(dec)
+			if err != nil {
+				return caddyhttp.Error(http.StatusBadRequest, err)
+			}
+			r.Header.Del("Content-Encoding")
+			holdBody(r, lr, body)
+			return next.ServeHTTP(w, r)
+		}
+	}
 	if identity && lr.body != nil && lr.err == nil {
 		// What is held is the body's start: a body that is no JSON object is refused before a
 		// byte of it goes out.

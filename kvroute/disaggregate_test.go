@@ -547,11 +547,20 @@ func TestDisaggregateBodyNotHeldNotSplit(t *testing.T) {
 			t.Errorf("request %d: the prompt did not arrive whole", i)
 		}
 	}
+	// A gzip body that decodes to more than max_body: decoded and filtered as it streams.
+	if code, enc, got := postGzip(t, client, long); code != http.StatusOK {
+		t.Fatalf("gzip body over max_body decoded: status %d: %s", code, got)
+	} else if enc > 2<<10 {
+		t.Fatalf("the gzip body is %d bytes: the test wants it held whole and decoding past max_body", enc)
+	}
+	if b := dec.next(t); b.encoding != "" || strings.ReplaceAll(string(b.body), " ", "") != strings.ReplaceAll(want, " ", "") {
+		t.Errorf("gzip body over max_body decoded reached the decode engine as (Content-Encoding %q) %.200s..., want the decoded body without its P/D fields", b.encoding, b.body)
+	}
 	if len(p.got()) != 0 {
 		t.Errorf("the prefill engine got %d requests, want none", len(p.got()))
 	}
-	if n := disaggCounts[disaggFallback].Load() - fallback; n != 2 {
-		t.Errorf("aggregated_fallback counted %d, want 2", n)
+	if n := disaggCounts[disaggFallback].Load() - fallback; n != 3 {
+		t.Errorf("aggregated_fallback counted %d, want 3", n)
 	}
 	// A body over max_body that is not a JSON object (or not one Go and Python read alike)
 	// never reaches a decode engine.
@@ -565,9 +574,29 @@ func TestDisaggregateBodyNotHeldNotSplit(t *testing.T) {
 			t.Errorf("a body that is not one JSON object (%.30s...%s): status %d, the decode engine's answer", bad, bad[len(bad)-30:], code)
 		}
 	}
-	if n := dec.seen.Load(); n != 2 {
-		t.Errorf("the decode engine answered %d requests, want 2 (nothing of the bad bodies)", n)
+	if n := dec.seen.Load(); n != 3 {
+		t.Errorf("the decode engine answered %d requests, want 3 (nothing of the bad bodies)", n)
 	}
+}
+
+// postGzip posts body gzip-compressed; it returns the status, the compressed size and the answer.
+func postGzip(t *testing.T, client *http.Client, body string) (int, int, string) {
+	t.Helper()
+	var zbuf bytes.Buffer
+	zw := gzip.NewWriter(&zbuf)
+	io.WriteString(zw, body)
+	zw.Close()
+	n := zbuf.Len()
+	req, _ := http.NewRequest(http.MethodPost, baseURL+"/v1/chat/completions", &zbuf)
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Content-Encoding", "gzip")
+	resp, err := client.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	got, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, n, string(got)
 }
 
 // TestDisaggregateHeldNotSplitStripped: a body held whole but not split (split auto's short
@@ -590,21 +619,8 @@ func TestDisaggregateHeldNotSplitStripped(t *testing.T) {
 	}
 
 	// A gzip body: decoded, stripped, forwarded without Content-Encoding.
-	var zbuf bytes.Buffer
-	zw := gzip.NewWriter(&zbuf)
-	io.WriteString(zw, longChat(false, ","+forgedKV))
-	zw.Close()
-	req, _ := http.NewRequest(http.MethodPost, baseURL+"/v1/chat/completions", bytes.NewReader(zbuf.Bytes()))
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("Content-Encoding", "gzip")
-	resp, err := client.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	io.Copy(io.Discard, resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		t.Fatalf("gzip body: status %d", resp.StatusCode)
+	if code, _, got := postGzip(t, client, longChat(false, ","+forgedKV)); code != http.StatusOK {
+		t.Fatalf("gzip body: status %d %s", code, got)
 	}
 	b := dec.next(t)
 	if b.encoding != "" || string(b.body) != longChat(false, "") {
@@ -620,10 +636,10 @@ func TestDisaggregateHeldNotSplitStripped(t *testing.T) {
 	// whole that is not one JSON object as RFC 8259 has it, such as NaN, which Python's json
 	// reads and Go's does not (400).
 	startCaddy(t, strings.NewReplacer("llm_feedback @llm", "llm_feedback", "llm_disaggregate @llm", "llm_disaggregate", "reverse_proxy @llm", "reverse_proxy").Replace(pdConfig(p.addr(), dec.addr(), "split auto", "")))
-	req, _ = http.NewRequest(http.MethodPost, baseURL+"/v1/chat/completions", strings.NewReader("not really br"))
+	req, _ := http.NewRequest(http.MethodPost, baseURL+"/v1/chat/completions", strings.NewReader("not really br"))
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Content-Encoding", "br")
-	resp, err = client.Do(req)
+	resp, err := client.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}
