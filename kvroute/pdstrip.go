@@ -95,6 +95,7 @@ type stripFrame struct {
 type pdStripper struct {
 	src   io.Reader
 	close func() error
+	check bool // only the syntax: nothing is kept
 	buf   []byte
 	out   []byte // filtered bytes not yet read
 	off   int
@@ -133,6 +134,7 @@ func stripPD(body []byte) ([]byte, error) {
 // checkPDPrefix reports a syntax error in the start of a body (running out is no error).
 func checkPDPrefix(prefix []byte) error {
 	s := newPDStripper(nil, nil)
+	s.check = true
 	s.feed(prefix)
 	return s.err
 }
@@ -182,6 +184,9 @@ func (s *pdStripper) feed(b []byte) {
 }
 
 func (s *pdStripper) put(c byte) {
+	if s.check {
+		return
+	}
 	switch s.mode {
 	case sinkEmit:
 		s.out = append(s.out, c)
@@ -207,7 +212,9 @@ func (s *pdStripper) keep() {
 	if !fr.emitted && len(p) > 0 && p[0] == ',' {
 		p = p[1:]
 	}
-	s.out = append(s.out, p...)
+	if !s.check {
+		s.out = append(s.out, p...)
+	}
 	s.pend = s.pend[:0]
 	s.mode = sinkEmit
 	fr.emitted = true

@@ -83,6 +83,10 @@ func isSubsequence(out, in []byte) bool {
 
 func checkStrip(t *testing.T, in []byte) {
 	out, err := stripPD(in)
+	// checkPDPrefix finds the same syntax errors, and running out is none.
+	if cerr := checkPDPrefix(in); (cerr != nil) != (err != nil && !strings.Contains(err.Error(), "ends early")) {
+		t.Fatalf("checkPDPrefix(%q) = %v, stripPD's error %v", in, cerr, err)
+	}
 	// The same bytes read one at a time, through the streaming reader.
 	s := newPDStripper(iotest.OneByteReader(bytes.NewReader(in)), nil)
 	streamed, serr := io.ReadAll(s)
