@@ -177,9 +177,42 @@ func (s *pdStripper) Close() error {
 
 func (s *pdStripper) feed(b []byte) {
 	for i := 0; i < len(b) && s.err == nil; {
+		if s.st == jStr && !s.capture {
+			// The run of plain bytes in a string (most of a prompt) at once.
+			j := i
+			for j < len(b) && !strSpecial[b[j]] {
+				j++
+			}
+			if j > i {
+				s.putRun(b[i:j])
+				i = j
+				continue
+			}
+		}
 		if s.step(b[i]) {
 			i++
 		}
+	}
+}
+
+// strSpecial are the bytes a string's run stops at: its end, an escape, a control byte.
+var strSpecial = func() (t [256]bool) {
+	for c := range 0x20 {
+		t[c] = true
+	}
+	t['"'], t['\\'] = true, true
+	return t
+}()
+
+func (s *pdStripper) putRun(p []byte) {
+	if s.check {
+		return
+	}
+	switch s.mode {
+	case sinkEmit:
+		s.out = append(s.out, p...)
+	case sinkPend:
+		s.pend = append(s.pend, p...)
 	}
 }
 
