@@ -1,11 +1,16 @@
 package kvroute
 
 import (
+	"bufio"
 	"bytes"
+	"compress/flate"
+	"compress/gzip"
+	"compress/zlib"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"maps"
 	"net/http"
 	"strconv"
@@ -365,11 +370,11 @@ func (d *Disaggregate) ServeHTTP(w http.ResponseWriter, r *http.Request, next ca
 	fields := heldFields(r, lr)
 	if fields == nil || (lr.Format != llmreq.Chat && lr.Format != llmreq.Completion) {
 		d.count(disaggFallback)
-		return d.aggregated(w, r, next, lr, fields)
+		return d.aggregated(w, r, next, lr)
 	}
 	if path, skip := d.skip(r, lr); skip {
 		d.count(path)
-		return d.aggregated(w, r, next, lr, fields)
+		return d.aggregated(w, r, next, lr)
 	}
 	params, err := d.prefillLeg(r, lr, fields)
 	if err != nil {
@@ -378,7 +383,7 @@ func (d *Disaggregate) ServeHTTP(w http.ResponseWriter, r *http.Request, next ca
 			return caddyhttp.Error(499, r.Context().Err())
 		}
 		d.logger.Debug("prefill leg failed: the request goes on aggregated", zap.Error(err))
-		return d.aggregated(w, r, next, lr, fields)
+		return d.aggregated(w, r, next, lr)
 	}
 	d.count(disaggSplit)
 	fields["kv_transfer_params"] = params
@@ -389,27 +394,98 @@ func (d *Disaggregate) ServeHTTP(w http.ResponseWriter, r *http.Request, next ca
 	return next.ServeHTTP(w, r)
 }
 
-// aggregated sends the request to the decode pool whole, without the P/D fields a client sent
-// (fields nil: the body is forwarded as it came).
-func (d *Disaggregate) aggregated(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, lr *llmRequest, fields map[string]json.RawMessage) error {
-	if hasPDFields(fields) {
-		for _, k := range pdFields {
-			delete(fields, k)
+// aggregated sends the request to the decode pool unsplit, without the P/D fields a client sent
+// (pdFilter: the top-level ones and vllm_xargs' kv_transfer_params). A body held whole is
+// filtered at once and held again, so that every decode attempt resends it; any other (over
+// max_body, or gzip or deflate, decoded on the way) streams through the filter with bounded
+// memory and goes out without Content-Length or Content-Encoding. A body the filter cannot
+// read as one JSON object never reaches the decode pool: 400 when that shows in what is held,
+// else the decode attempt fails (502); another Content-Encoding is a 415.
+func (d *Disaggregate) aggregated(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, lr *llmRequest) error {
+	if r.Body == nil || r.Body == http.NoBody || r.ContentLength == 0 {
+		return next.ServeHTTP(w, r)
+	}
+	ce := strings.ToLower(strings.TrimSpace(r.Header.Get("Content-Encoding")))
+	identity := ce == "" || ce == "identity"
+	if identity && lr.body != nil && lr.body.Whole() && lr.err == nil {
+		raw, _ := lr.body.Prefix(lr.maxBody + 1)
+		body, err := stripPD(raw)
+		if err != nil {
+			return caddyhttp.Error(http.StatusBadRequest, err)
 		}
-		if err := d.hold(r, lr, fields); err != nil {
-			return caddyhttp.Error(http.StatusInternalServerError, err)
+		if len(body) != len(raw) { // a member removed (the output is a subsequence of the input)
+			holdBody(r, lr, body)
+		}
+		return next.ServeHTTP(w, r)
+	}
+	if !identity && lr.body != nil && lr.body.Whole() && lr.err == nil {
+		// A gzip or deflate body held whole that decodes to at most max_body: filtered at once
+		// and held decoded, so that retries resend it. A larger one streams below.
+		raw, _ := lr.body.Prefix(lr.maxBody + 1)
+		if dec, truncated, err := llmreq.Decode(raw, false, ce, lr.maxBody); err == nil && !truncated {
+			body, err := stripPD(dec)
+			if err != nil {
+				return caddyhttp.Error(http.StatusBadRequest, err)
+			}
+			r.Header.Del("Content-Encoding")
+			holdBody(r, lr, body)
+			return next.ServeHTTP(w, r)
 		}
 	}
+	if identity && lr.body != nil && lr.err == nil {
+		// What is held is the body's start: a body that is no JSON object is refused before a
+		// byte of it goes out.
+		prefix, _ := lr.body.Prefix(lr.maxBody)
+		if err := checkPDPrefix(prefix); err != nil {
+			return caddyhttp.Error(http.StatusBadRequest, err)
+		}
+	}
+	src := io.Reader(r.Body)
+	switch ce {
+	case "", "identity":
+	case "gzip", "x-gzip":
+		zr, err := gzip.NewReader(r.Body)
+		if err != nil {
+			return caddyhttp.Error(http.StatusBadRequest, fmt.Errorf("llm_disaggregate: Content-Encoding %s: %w", ce, err))
+		}
+		src = zr
+	case "deflate":
+		br := bufio.NewReader(r.Body)
+		if h, _ := br.Peek(2); len(h) == 2 && h[0]&0x0f == 8 && (uint(h[0])<<8|uint(h[1]))%31 == 0 {
+			zr, err := zlib.NewReader(br)
+			if err != nil {
+				return caddyhttp.Error(http.StatusBadRequest, fmt.Errorf("llm_disaggregate: Content-Encoding %s: %w", ce, err))
+			}
+			src = zr
+		} else {
+			src = flate.NewReader(br)
+		}
+	default:
+		w.Header().Set("Accept-Encoding", "gzip, deflate")
+		return caddyhttp.Error(http.StatusUnsupportedMediaType, fmt.Errorf("llm_disaggregate: a body with Content-Encoding %q: the client's P/D fields cannot be removed from it", ce))
+	}
+	lr.body = llmreq.Stream(r, newPDStripper(src, r.Body.Close))
+	r.Header.Del("Content-Length")
+	r.Header.Del("Content-Encoding")
+	r.Header.Del("Transfer-Encoding")
 	return next.ServeHTTP(w, r)
 }
 
-func hasPDFields(fields map[string]json.RawMessage) bool {
-	for _, k := range pdFields {
-		if _, ok := fields[k]; ok {
-			return true
-		}
+// stripXargs removes kv_transfer_params from vllm_xargs, which vLLM merges into the request's
+// extra arguments (a top-level kv_transfer_params overrides it, when given).
+func stripXargs(fields map[string]json.RawMessage) {
+	raw, ok := fields["vllm_xargs"]
+	if !ok {
+		return
 	}
-	return false
+	var x map[string]json.RawMessage
+	if json.Unmarshal(raw, &x) != nil {
+		return // not an object: vLLM refuses the request
+	}
+	if _, ok := x["kv_transfer_params"]; ok {
+		delete(x, "kv_transfer_params")
+		fields["vllm_xargs"], _ = json.Marshal(x)
+	}
 }
 
 // hold makes the decode body (the client's fields with the injected ones) the request's held
@@ -420,6 +496,7 @@ func (d *Disaggregate) hold(r *http.Request, lr *llmRequest, fields map[string]j
 			delete(fields, k)
 		}
 	}
+	stripXargs(fields)
 	body, err := json.Marshal(fields)
 	if err != nil {
 		return fmt.Errorf("llm_disaggregate: encoding the decode body: %w", err)
@@ -510,6 +587,7 @@ func (d *Disaggregate) prefillLeg(r *http.Request, lr *llmRequest, client map[st
 	for _, k := range append([]string{"stream", "stream_options", "min_tokens", "max_tokens", "max_completion_tokens"}, pdFields...) {
 		delete(fields, k)
 	}
+	stripXargs(fields)
 	fields["kv_transfer_params"] = json.RawMessage(`{"do_remote_decode":true,"do_remote_prefill":false,"remote_engine_id":null,"remote_block_ids":null,"remote_host":null,"remote_port":null}`)
 	fields["stream"] = json.RawMessage("false")
 	fields["max_tokens"] = json.RawMessage("1")

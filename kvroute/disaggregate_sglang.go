@@ -342,8 +342,10 @@ func (d *Disaggregate) serveSGLang(w http.ResponseWriter, r *http.Request, next 
 	dctx, dcancel := context.WithCancel(r.Context())
 	defer dcancel()
 	var prefillErr error
+	var refused bool // the prefill engine answered a 4xx: the client's answer unless the decode engine's comes
 	prefillDone := make(chan struct{})
-	gate := &decodeGate{ResponseWriterWrapper: caddyhttp.ResponseWriterWrapper{ResponseWriter: w}, prefillDone: prefillDone}
+	prefillEnded := make(chan struct{}) // the prefill leg's outcome is known
+	gate := &decodeGate{ResponseWriterWrapper: caddyhttp.ResponseWriterWrapper{ResponseWriter: w}, prefillEnded: prefillEnded, committed: make(chan struct{})}
 	go func() {
 		defer close(prefillDone)
 		start := time.Now()
@@ -353,11 +355,30 @@ func (d *Disaggregate) serveSGLang(w http.ResponseWriter, r *http.Request, next 
 		case err != nil:
 		case rec.over:
 			err = errors.New("prefill answer over its bound")
+		case rec.status >= 400 && rec.status <= 499:
+			// The engine refused the request (too long a prompt, a bad parameter): not a failed
+			// leg but the client's answer. The decode engine checks the same body and most
+			// likely refuses it too: its answer, if it comes within decodeErrorHold, is the
+			// client's; else the decode leg, which waits for a room no prefill will fill, is
+			// cancelled and the client gets this one.
+			refused = true
+			close(prefillEnded)
+			t := time.NewTimer(decodeErrorHold)
+			select {
+			case <-gate.committed:
+			case <-t.C:
+			}
+			t.Stop()
+			if gate.abort() {
+				dcancel()
+			}
+			return
 		case rec.status < 200 || rec.status > 299:
 			err = fmt.Errorf("prefill answer status %d", rec.status)
 		default:
 			disaggMetrics.prefillSeconds.Observe(time.Since(start).Seconds())
 		}
+		defer close(prefillEnded)
 		if err != nil {
 			l.mu.Lock()
 			if l.pickErr != nil {
@@ -380,6 +401,10 @@ func (d *Disaggregate) serveSGLang(w http.ResponseWriter, r *http.Request, next 
 	select {
 	case <-l.reached:
 	default:
+		if refused {
+			d.count(disaggSplit)
+			return rec.answer(w)
+		}
 		// The prefill leg ended without reaching an engine (none available, dial errors, a
 		// refusal): the decode leg is never sent.
 		d.count(disaggPrefillFailed)
@@ -402,7 +427,10 @@ func (d *Disaggregate) serveSGLang(w http.ResponseWriter, r *http.Request, next 
 	}
 	holdBody(r, lr, body)
 	lr.leg = legDecode
-	decodeErr := next.ServeHTTP(gate, r.WithContext(dctx))
+	decodeErr := decodeLeg(gate, next, r.WithContext(dctx))
+	if decodeErr == nil {
+		gate.release() // a 2xx answer without a body: its header goes now
+	}
 
 	// The prefill leg: once the decode leg answered in full, a short grace for its own answer;
 	// after a decode failure, none (its KV will not be taken).
@@ -414,6 +442,10 @@ func (d *Disaggregate) serveSGLang(w http.ResponseWriter, r *http.Request, next 
 	}
 	pcancel()
 	<-prefillDone
+	if gate.aborted() && refused && r.Context().Err() == nil {
+		d.count(disaggSplit)
+		return rec.answer(w)
+	}
 	if gate.aborted() {
 		d.count(disaggPrefillFailed)
 		if r.Context().Err() != nil {
@@ -423,7 +455,33 @@ func (d *Disaggregate) serveSGLang(w http.ResponseWriter, r *http.Request, next 
 		return caddyhttp.Error(http.StatusBadGateway, fmt.Errorf("llm_disaggregate: prefill leg: %w", prefillErr))
 	}
 	d.count(disaggSplit)
+	if errors.Is(decodeErr, errDecodeCut) {
+		return caddyhttp.Error(http.StatusBadGateway, decodeErr)
+	}
 	return decodeErr
+}
+
+var errDecodeCut = errors.New("llm_disaggregate: the decode answer broke off before its first byte of body")
+
+// decodeLeg runs the decode pool's handler through the gate. The gate holds a 2xx header until
+// the answer's first byte of body, so a decode leg that ends after its header and before any
+// body (the gate aborted it: the prefill leg failed; or the decode engine broke off) ends in
+// the reverse proxy's panic(http.ErrAbortHandler), which is for a response already under way:
+// nothing of it reached the client, so the panic is recovered and the request answered.
+func decodeLeg(gate *decodeGate, next caddyhttp.Handler, r *http.Request) (err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			if v != http.ErrAbortHandler || gate.passed() {
+				panic(v)
+			}
+			if gate.aborted() {
+				err = errGateAborted
+			} else {
+				err = errDecodeCut
+			}
+		}
+	}()
+	return next.ServeHTTP(gate, r)
 }
 
 // holdBody makes body the request's held body: every attempt of the decode pool resends it.
@@ -437,12 +495,17 @@ func holdBody(r *http.Request, lr *llmRequest, body []byte) {
 // decodeGate passes the decode leg's answer to the client unless the request failed first: a
 // prefill leg that fails before the decode engine answered turns the request into a clean
 // error (nothing of the decode leg written); one that fails after it leaves the answer be.
+// A decode engine has answered with its first byte of body, or an error status: SGLang's
+// streamed answers send their 200 header at once and then wait for the room's KV, so a 2xx
+// header is held (pending) until the first byte of body, or the answer's end.
 type decodeGate struct {
 	caddyhttp.ResponseWriterWrapper
-	prefillDone <-chan struct{}
-	mu          sync.Mutex
-	state       int // gateOpen, gateCommitted, gateAborted
-	status      int
+	prefillEnded <-chan struct{}
+	committed    chan struct{} // closed when the decode answer starts going to the client
+	mu           sync.Mutex
+	state        int // gateOpen, gateCommitted, gateAborted
+	status       int
+	pending      int // a 2xx status held until the first byte of body
 }
 
 const (
@@ -469,6 +532,23 @@ func (g *decodeGate) open() bool {
 	return g.state == gateOpen
 }
 
+// passed reports whether anything of the decode answer went to the client.
+func (g *decodeGate) passed() bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.state == gateCommitted
+}
+
+// release lets a held 2xx header through once the decode answer ended without a body.
+func (g *decodeGate) release() {
+	g.mu.Lock()
+	code := g.pending
+	g.mu.Unlock()
+	if code != 0 && g.commit(code) {
+		g.ResponseWriter.WriteHeader(code)
+	}
+}
+
 func (g *decodeGate) aborted() bool {
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -482,20 +562,29 @@ func (g *decodeGate) ok() bool {
 	return g.state == gateCommitted && g.status >= 200 && g.status <= 299
 }
 
-// commit lets the answer through from its first byte or header on; false once aborted.
+// commit lets the answer through from its first byte of body or its error header on; false
+// once aborted.
 func (g *decodeGate) commit(code int) bool {
+	ok, _ := g.commitFirst(code)
+	return ok
+}
+
+// commitFirst is commit, and reports whether this call committed.
+func (g *decodeGate) commitFirst(code int) (ok, first bool) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	switch g.state {
 	case gateAborted:
-		return false
+		return false, false
 	case gateOpen:
 		if code < 200 {
-			return true // an informational answer commits nothing
+			return true, false // an informational answer commits nothing
 		}
 		g.state, g.status = gateCommitted, code
+		close(g.committed)
+		return true, true
 	}
-	return true
+	return true, false
 }
 
 func (g *decodeGate) WriteHeader(code int) {
@@ -504,10 +593,21 @@ func (g *decodeGate) WriteHeader(code int) {
 		// failed, the gate is closed by then and the client gets the prefill leg's 502.
 		t := time.NewTimer(decodeErrorHold)
 		select {
-		case <-g.prefillDone:
+		case <-g.prefillEnded:
 		case <-t.C:
 		}
 		t.Stop()
+	}
+	if code >= 200 && code <= 299 {
+		g.mu.Lock()
+		if g.state == gateOpen {
+			if g.pending == 0 {
+				g.pending = code // goes with the first byte of body
+			}
+			g.mu.Unlock()
+			return
+		}
+		g.mu.Unlock()
 	}
 	if g.commit(code) {
 		g.ResponseWriter.WriteHeader(code)
@@ -515,11 +615,39 @@ func (g *decodeGate) WriteHeader(code int) {
 }
 
 func (g *decodeGate) Write(p []byte) (int, error) {
-	if !g.commit(http.StatusOK) {
+	if len(p) == 0 {
+		if g.aborted() {
+			return 0, errGateAborted
+		}
+		return 0, nil
+	}
+	g.mu.Lock()
+	code := g.pending
+	g.mu.Unlock()
+	if code == 0 {
+		code = http.StatusOK
+	}
+	ok, first := g.commitFirst(code)
+	if !ok {
 		return 0, errGateAborted
+	}
+	if first {
+		g.ResponseWriter.WriteHeader(code)
 	}
 	return g.ResponseWriter.Write(p)
 }
+
+// FlushError flushes what passed the gate; before that, nothing (a flush would send the held
+// header).
+func (g *decodeGate) FlushError() error {
+	if !g.passed() {
+		return nil
+	}
+	return http.NewResponseController(g.ResponseWriter).Flush()
+}
+
+// Flush is FlushError for callers that know only http.Flusher.
+func (g *decodeGate) Flush() { _ = g.FlushError() }
 
 // ReadFrom goes through Write: the embedded wrapper's would bypass the gate.
 func (g *decodeGate) ReadFrom(r io.Reader) (int64, error) {
@@ -528,13 +656,27 @@ func (g *decodeGate) ReadFrom(r io.Reader) (int64, error) {
 
 // drainRecorder takes a prefill leg's answer under protocol sglang: the status, and the body
 // read and discarded, at most maxPrefillAnswer bytes of it (the answer is one token; more is
-// an engine gone wrong, and the leg ends).
+// an engine gone wrong, and the leg ends); the body of a 4xx answer is kept, for the client.
 type drainRecorder struct {
 	header  http.Header
 	status  int
 	n       int
 	over    bool
 	reached func() // the prefill engine answered: it was reached, whatever the transport said
+	refusal bytes.Buffer
+}
+
+// answer writes a 4xx answer of the prefill engine to the client as the engine gave it.
+func (w *drainRecorder) answer(to http.ResponseWriter) error {
+	h := to.Header()
+	for k, v := range w.header {
+		if k != "Content-Length" {
+			h[k] = v
+		}
+	}
+	to.WriteHeader(w.status)
+	_, err := to.Write(w.refusal.Bytes())
+	return err
 }
 
 func (w *drainRecorder) Header() http.Header { return w.header }
@@ -557,6 +699,9 @@ func (w *drainRecorder) Write(p []byte) (int, error) {
 		return 0, errPrefillAnswerTooLarge
 	}
 	w.n += len(p)
+	if w.status >= 400 && w.status <= 499 {
+		w.refusal.Write(p)
+	}
 	return len(p), nil
 }
 

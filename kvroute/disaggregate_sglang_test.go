@@ -31,7 +31,12 @@ type sgEngine struct {
 	bodies []map[string]any
 	hold   bool
 	status int
-	before chan struct{} // when set, a request waits for it before its answer
+	// errBody, when set, is the JSON body of a status answer.
+	errBody string
+	// headFirst: a streamed request gets its 200 and event-stream header at once, as SGLang's
+	// streamed /generate sends them, then waits (hold, before) before its first event.
+	headFirst bool
+	before    chan struct{} // when set, a request waits for it before its answer
 
 	arrived   chan struct{}
 	cancelled chan struct{}
@@ -56,8 +61,14 @@ func newSGEngine(t *testing.T) *sgEngine {
 		}
 		e.mu.Lock()
 		e.bodies = append(e.bodies, body)
-		hold, status, before := e.hold, e.status, e.before
+		hold, status, before, errBody := e.hold, e.status, e.before, e.errBody
+		headFirst := e.headFirst && body["stream"] == true
 		e.mu.Unlock()
+		if headFirst {
+			w.Header().Set("Content-Type", "text/event-stream")
+			w.WriteHeader(http.StatusOK)
+			w.(http.Flusher).Flush()
+		}
 		e.arrived <- struct{}{}
 		if before != nil {
 			<-before
@@ -68,6 +79,12 @@ func newSGEngine(t *testing.T) *sgEngine {
 			return
 		}
 		if status != 0 {
+			if errBody != "" {
+				w.Header().Set("Content-Type", "application/json")
+				w.WriteHeader(status)
+				io.WriteString(w, errBody)
+				return
+			}
 			http.Error(w, `{"error":"engine error"}`, status)
 			return
 		}
@@ -537,4 +554,105 @@ func TestDisaggregateSGLangPrefillKilledMidRun(t *testing.T) {
 		t.Errorf("after the kill: status %d %s", code, got)
 	}
 	t.Logf("p0 killed mid-run: %d of %d requests failed (502, counted prefill_failed), %d served", bad, n, ok)
+}
+
+// TestDisaggregateSGLangEngineRefusal: an engine's 4xx is the client's answer, status and body
+// unchanged, not a failed leg. Both engines check the same body, so both refuse a prompt over
+// the context length: the client gets the decode engine's answer (the leg whose answer it
+// always gets). When only the prefill engine refuses (the decode engine waits for a room no
+// prefill will fill), the client gets the prefill engine's answer within about a second and
+// the decode leg is cancelled.
+func TestDisaggregateSGLangEngineRefusal(t *testing.T) {
+	p, dec := newSGEngine(t), newSGEngine(t)
+	const pBody = `{"object":"error","message":"prefill: This model's maximum context length is 8192 tokens.","type":"BadRequestError","param":null,"code":400}`
+	const dBody = `{"object":"error","message":"decode: This model's maximum context length is 8192 tokens.","type":"BadRequestError","param":null,"code":400}`
+	p.mu.Lock()
+	p.status, p.errBody = http.StatusBadRequest, pBody
+	p.mu.Unlock()
+	dec.mu.Lock()
+	dec.status, dec.errBody = http.StatusBadRequest, dBody
+	dec.mu.Unlock()
+	startCaddy(t, pdConfig(p.addr(), dec.addr(), "protocol sglang", ""))
+	client := &http.Client{Timeout: 20 * time.Second}
+	failed := disaggCounts[disaggPrefillFailed].Load()
+	for _, stream := range []bool{false, true} {
+		code, got := postPD(t, client, longChat(stream, ""))
+		if code != http.StatusBadRequest || got != dBody {
+			t.Errorf("both engines refuse (stream %t): status %d, body %q; want 400 and the decode engine's body byte for byte", stream, code, got)
+		}
+	}
+
+	// Only the prefill engine refuses; the decode engine waits for the room.
+	dec.set(true, 0)
+	start := time.Now()
+	code, got := postPD(t, client, longChat(true, ""))
+	took := time.Since(start)
+	if code != http.StatusBadRequest || got != pBody {
+		t.Errorf("the prefill engine refuses: status %d, body %q; want 400 and its body byte for byte", code, got)
+	}
+	if took > 10*time.Second {
+		t.Errorf("the prefill engine's refusal took %v to reach the client", took)
+	}
+	select {
+	case <-dec.cancelled:
+	case <-time.After(10 * time.Second):
+		t.Error("the decode leg was not cancelled")
+	}
+	if n := disaggCounts[disaggPrefillFailed].Load() - failed; n != 0 {
+		t.Errorf("prefill_failed counted %d for engine refusals, want 0", n)
+	}
+}
+
+// TestDisaggregateSGLangPrefillDiesBeforeFirstByte: SGLang's streamed /generate sends its 200
+// and event-stream header at once, then waits for the room's KV (until its bootstrap timeout,
+// minutes in a real deployment). A prefill engine that dies mid-prefill, while the decode
+// engine has sent its header and no byte of body, gives the client the documented 502 at once
+// (the gate commits on the decode answer's first body byte, not its header), and cancels the
+// decode leg.
+func TestDisaggregateSGLangPrefillDiesBeforeFirstByte(t *testing.T) {
+	p, dec := newSGEngine(t), newSGEngine(t)
+	p.set(true, 0) // mid-prefill until it dies
+	dec.mu.Lock()
+	dec.headFirst, dec.hold = true, true // header sent, then waiting for the room
+	dec.mu.Unlock()
+	startCaddy(t, pdConfig(p.addr(), dec.addr(), "protocol sglang", ""))
+	failed := disaggCounts[disaggPrefillFailed].Load()
+	type result struct {
+		code int
+		body string
+		at   time.Time
+	}
+	done := make(chan result, 1)
+	go func() {
+		client := &http.Client{Timeout: 15 * time.Second} // far below SGLang's bootstrap timeout, far above the bound below
+		resp, err := client.Post(baseURL+"/v1/chat/completions", "application/json", strings.NewReader(longChat(true, "")))
+		if err != nil {
+			done <- result{0, err.Error(), time.Now()}
+			return
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		done <- result{resp.StatusCode, string(b), time.Now()}
+	}()
+	for _, e := range []*sgEngine{p, dec} {
+		select {
+		case <-e.arrived:
+		case <-time.After(10 * time.Second):
+			t.Fatal("a leg never arrived")
+		}
+	}
+	killed := time.Now()
+	p.srv.CloseClientConnections() // the prefill engine dies: its connection reset mid-request
+	res := <-done
+	if took := res.at.Sub(killed); res.code != http.StatusBadGateway || took > 5*time.Second {
+		t.Errorf("prefill engine died before the decode answer's first byte: status %d after %v (body %q); want 502 within 5s", res.code, took.Round(time.Millisecond), res.body)
+	}
+	select {
+	case <-dec.cancelled:
+	case <-time.After(10 * time.Second):
+		t.Error("the decode leg was not cancelled")
+	}
+	if n := disaggCounts[disaggPrefillFailed].Load() - failed; n != 1 {
+		t.Errorf("prefill_failed counted %d, want 1", n)
+	}
 }

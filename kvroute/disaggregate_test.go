@@ -2,6 +2,8 @@ package kvroute
 
 import (
 	"bufio"
+	"bytes"
+	"compress/gzip"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -468,40 +470,193 @@ func TestDisaggregateLlmdSimulator(t *testing.T) {
 	}
 }
 
-// TestDisaggregateBodyNotHeldNotSplit: a body over max_body is neither split nor rewritten:
-// it reaches the decode pool byte for byte.
-func TestDisaggregateBodyNotHeldNotSplit(t *testing.T) {
-	fl := new(pdFleet)
-	p := newPDEngine(t, fl, "p1", true)
-	raw := make(chan []byte, 4)
-	dec := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		b, _ := io.ReadAll(r.Body)
-		raw <- b
+// rawDecoder is a decode engine on loopback that keeps each body it got, byte for byte, with
+// the request's Content-Encoding and Content-Length, and answers a small chat completion.
+type rawDecoder struct {
+	srv  *httptest.Server
+	got  chan rawBody
+	seen atomic.Int64
+}
+
+type rawBody struct {
+	body          []byte
+	encoding      string
+	contentLength int64
+}
+
+func newRawDecoder(t *testing.T) *rawDecoder {
+	d := &rawDecoder{got: make(chan rawBody, 16)}
+	d.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, err := io.ReadAll(r.Body)
+		if err != nil {
+			return // a body that failed on its way is never answered
+		}
+		d.seen.Add(1)
+		d.got <- rawBody{b, r.Header.Get("Content-Encoding"), r.ContentLength}
 		w.Header().Set("Content-Type", "application/json")
 		io.WriteString(w, `{"choices":[]}`)
 	}))
-	t.Cleanup(dec.Close)
-	cfg := strings.Replace(pdConfig(p.addr(), strings.TrimPrefix(dec.URL, "http://"), "split always", ""), "@llm llm_prompt\n", "@llm llm_prompt {\n\t\tmax_body 2KiB\n\t}\n", 1)
+	t.Cleanup(d.srv.Close)
+	return d
+}
+
+func (d *rawDecoder) addr() string { return strings.TrimPrefix(d.srv.URL, "http://") }
+
+func (d *rawDecoder) next(t *testing.T) rawBody {
+	t.Helper()
+	select {
+	case b := <-d.got:
+		return b
+	case <-time.After(10 * time.Second):
+		t.Fatal("the decode pool never got the request")
+		return rawBody{}
+	}
+}
+
+// The P/D fields a client sends in a body that is not split, and the vLLM extra argument that
+// vLLM merges into the same request parameters (vllm_xargs.kv_transfer_params).
+const (
+	forgedKV    = `"kv_transfer_params":{"do_remote_prefill":true,"remote_host":"10.9.9.9","remote_engine_id":"victim-engine","remote_block_ids":[1,2,3]}`
+	forgedXargs = `"vllm_xargs":{"kv_transfer_params":"forged","keep":1}`
+)
+
+// TestDisaggregateBodyNotHeldNotSplit: a body over max_body is not split, and it streams to the
+// decode pool without the client's P/D fields (top-level, and inside vllm_xargs); every other
+// byte arrives unchanged.
+func TestDisaggregateBodyNotHeldNotSplit(t *testing.T) {
+	fl := new(pdFleet)
+	p := newPDEngine(t, fl, "p1", true)
+	dec := newRawDecoder(t)
+	cfg := strings.Replace(pdConfig(p.addr(), dec.addr(), "split always", ""), "@llm llm_prompt\n", "@llm llm_prompt {\n\t\tmax_body 2KiB\n\t}\n", 1)
 	startCaddy(t, cfg)
 	client := &http.Client{Timeout: 20 * time.Second}
 	fallback := disaggCounts[disaggFallback].Load()
-	long := longChat(false, `,"kv_transfer_params":{"do_remote_prefill":true}`)
-	if code, got := postPD(t, client, long); code != http.StatusOK {
-		t.Fatalf("status %d: %s", code, got)
-	}
-	select {
-	case b := <-raw:
-		if string(b) != long {
-			t.Errorf("a body over max_body reached the decode pool changed (%d bytes, want %d)", len(b), len(long))
+	long := longChat(false, ", "+forgedKV+` , "bootstrap_room": 7,`+forgedXargs+`,"user":"u"`)
+	want := longChat(false, `,"vllm_xargs":{"keep":1},"user":"u"`)
+	// Client P/D fields first, last and in the middle, a key written with an escape.
+	first := `{"kv\u005ftransfer_params":{"do_remote_prefill":true},` + long[1:]
+	for i, body := range []string{long, first} {
+		if code, got := postPD(t, client, body); code != http.StatusOK {
+			t.Fatalf("request %d: status %d: %s", i, code, got)
 		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("the decode pool never got the request")
+		b := dec.next(t)
+		if got := strings.ReplaceAll(string(b.body), " ", ""); got != strings.ReplaceAll(want, " ", "") {
+			t.Errorf("request %d: a body over max_body reached the decode pool as\n%.300s...%s\nwant it without its P/D fields:\n%.300s...%s", i, b.body, b.body[max(0, len(b.body)-300):], want, want[len(want)-300:])
+		}
+		if strings.Count(string(b.body), "a long document") != 400 {
+			t.Errorf("request %d: the prompt did not arrive whole", i)
+		}
+	}
+	// A gzip body that decodes to more than max_body: decoded and filtered as it streams.
+	if code, enc, got := postGzip(t, client, long); code != http.StatusOK {
+		t.Fatalf("gzip body over max_body decoded: status %d: %s", code, got)
+	} else if enc > 2<<10 {
+		t.Fatalf("the gzip body is %d bytes: the test wants it held whole and decoding past max_body", enc)
+	}
+	if b := dec.next(t); b.encoding != "" || strings.ReplaceAll(string(b.body), " ", "") != strings.ReplaceAll(want, " ", "") {
+		t.Errorf("gzip body over max_body decoded reached the decode engine as (Content-Encoding %q) %.200s..., want the decoded body without its P/D fields", b.encoding, b.body)
 	}
 	if len(p.got()) != 0 {
 		t.Errorf("the prefill engine got %d requests, want none", len(p.got()))
 	}
-	if n := disaggCounts[disaggFallback].Load() - fallback; n != 1 {
-		t.Errorf("aggregated_fallback counted %d, want 1", n)
+	if n := disaggCounts[disaggFallback].Load() - fallback; n != 3 {
+		t.Errorf("aggregated_fallback counted %d, want 3", n)
+	}
+	// A body over max_body that is not a JSON object (or not one Go and Python read alike)
+	// never reaches a decode engine.
+	for _, bad := range []string{
+		long[:len(long)-1] + `,"temperature":NaN}`,
+		long + `{"kv_transfer_params":{}}`,
+		"[" + long + "]",
+	} {
+		// llm_prompt does not match a body it cannot read as an LLM request at all (the list).
+		if code, got := postPD(t, client, bad); got == `{"choices":[]}` {
+			t.Errorf("a body that is not one JSON object (%.30s...%s): status %d, the decode engine's answer", bad, bad[len(bad)-30:], code)
+		}
+	}
+	if n := dec.seen.Load(); n != 3 {
+		t.Errorf("the decode engine answered %d requests, want 3 (nothing of the bad bodies)", n)
+	}
+}
+
+// postGzip posts body gzip-compressed; it returns the status, the compressed size and the answer.
+func postGzip(t *testing.T, client *http.Client, body string) (int, int, string) {
+	t.Helper()
+	var zbuf bytes.Buffer
+	zw := gzip.NewWriter(&zbuf)
+	io.WriteString(zw, body)
+	zw.Close()
+	n := zbuf.Len()
+	req, _ := http.NewRequest(http.MethodPost, baseURL+"/v1/chat/completions", &zbuf)
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Content-Encoding", "gzip")
+	resp, err := client.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	got, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, n, string(got)
+}
+
+// TestDisaggregateHeldNotSplitStripped: a body held whole but not split (split auto's short
+// prompt, a content-encoded body, one Go's JSON refuses) reaches no decode engine with the
+// client's P/D fields.
+func TestDisaggregateHeldNotSplitStripped(t *testing.T) {
+	fl := new(pdFleet)
+	p := newPDEngine(t, fl, "p1", true)
+	dec := newRawDecoder(t)
+	startCaddy(t, pdConfig(p.addr(), dec.addr(), "split auto", ""))
+	client := &http.Client{Timeout: 20 * time.Second}
+
+	// A short prompt (not split): vllm_xargs' kv_transfer_params is removed too.
+	short := `{"model":"m","messages":[{"role":"user","content":"hi"}],` + forgedKV + `,` + forgedXargs + `}`
+	if code, got := postPD(t, client, short); code != http.StatusOK {
+		t.Fatalf("status %d: %s", code, got)
+	}
+	if b := dec.next(t); strings.Contains(string(b.body), "kv_transfer_params") {
+		t.Errorf("a short prompt reached the decode engine with the client's P/D fields: %s", b.body)
+	}
+
+	// A gzip body: decoded, stripped, forwarded without Content-Encoding.
+	if code, _, got := postGzip(t, client, longChat(false, ","+forgedKV)); code != http.StatusOK {
+		t.Fatalf("gzip body: status %d %s", code, got)
+	}
+	b := dec.next(t)
+	if b.encoding != "" || string(b.body) != longChat(false, "") {
+		t.Errorf("gzip body reached the decode engine as (Content-Encoding %q) %.200s..., want the decoded body without its P/D fields", b.encoding, b.body)
+	}
+
+	if n := dec.seen.Load(); n != 2 {
+		t.Errorf("the decode engine answered %d requests, want 2", n)
+	}
+
+	// Without a matcher in front (llm_prompt matches no body it cannot read), llm_disaggregate
+	// itself refuses what it cannot filter: an encoding it does not decode (415), a body held
+	// whole that is not one JSON object as RFC 8259 has it, such as NaN, which Python's json
+	// reads and Go's does not (400).
+	startCaddy(t, strings.NewReplacer("llm_feedback @llm", "llm_feedback", "llm_disaggregate @llm", "llm_disaggregate", "reverse_proxy @llm", "reverse_proxy").Replace(pdConfig(p.addr(), dec.addr(), "split auto", "")))
+	req, _ := http.NewRequest(http.MethodPost, baseURL+"/v1/chat/completions", strings.NewReader("not really br"))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Content-Encoding", "br")
+	resp, err := client.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusUnsupportedMediaType {
+		t.Errorf("a br body: status %d, want 415", resp.StatusCode)
+	}
+
+	// A body Python's json reads and Go's does not (NaN): never forwarded with its P/D fields.
+	nan := `{"model":"m","messages":[{"role":"user","content":"hi"}],"temperature":NaN,` + forgedKV + `}`
+	for _, bad := range []string{nan, "[" + short + "]", short + "{}"} {
+		if code, _ := postPD(t, client, bad); code != http.StatusBadRequest {
+			t.Errorf("%s: status %d, want 400", bad, code)
+		}
+	}
+	if n := dec.seen.Load(); n != 2 {
+		t.Errorf("the decode engine answered %d requests, want 2", n)
 	}
 }
 

@@ -326,3 +326,16 @@ func Hold(r *http.Request, buf []byte) *Body {
 	r.ContentLength = int64(len(buf))
 	return b
 }
+
+// Stream makes rc the body of r, to be streamed once, and returns it as a Body not held: r.Body
+// yields rc's bytes; Attempt gives them to the first attempt, and to a later one only if no
+// byte went to an earlier one (a failed dial); Close before any read leaves rc open for that
+// retry. A handler that rewrites a body as it streams (llm_disaggregate's filter of a body it
+// does not hold) hands it over this way. r's length becomes unknown.
+func Stream(r *http.Request, rc io.ReadCloser) *Body {
+	b := &Body{rest: rc}
+	b.first.b = b
+	r.Body = &b.first
+	r.ContentLength = -1
+	return b
+}
