@@ -435,3 +435,6 @@ func (e *Engine) makeRoom(n int) bool {
 	}
 	return true
 }
+
+// Queued returns the requests in the engine: running and waiting.
+func (e *Engine) Queued() int { return len(e.running) + len(e.waiting) }
