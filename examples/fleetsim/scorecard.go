@@ -140,6 +140,8 @@ type Options struct {
 	Parallel int
 	// Log, when set, gets a line per scenario and seed as it completes.
 	Log io.Writer
+	// MaxRequests, when > 0, caps every scenario's requests (a short card for tests).
+	MaxRequests int
 }
 
 // family is what the scenarios of one family share.
@@ -216,6 +218,11 @@ func RunCard(opts Options) (*Card, error) {
 		opts.Parallel = runtime.GOMAXPROCS(0)
 	}
 	all := Scenarios()
+	if opts.MaxRequests > 0 {
+		for _, sc := range all {
+			sc.Requests = min(sc.Requests, opts.MaxRequests)
+		}
+	}
 	families := map[string]*family{}
 	first := map[string]*Scenario{}
 	for _, sc := range all {

@@ -1,7 +1,6 @@
 package fleetsim
 
 import (
-	"container/heap"
 	"fmt"
 	"math"
 	"time"
@@ -25,22 +24,51 @@ type event struct {
 	a, b int
 }
 
+// eventHeap is a binary min-heap of events by time, then by insertion order.
 type eventHeap []event
 
-func (h eventHeap) Len() int { return len(h) }
-func (h eventHeap) Less(i, j int) bool {
+func (h eventHeap) less(i, j int) bool {
 	if h[i].at != h[j].at {
 		return h[i].at < h[j].at
 	}
 	return h[i].seq < h[j].seq
 }
-func (h eventHeap) Swap(i, j int) { h[i], h[j] = h[j], h[i] }
-func (h *eventHeap) Push(x any)   { *h = append(*h, x.(event)) }
-func (h *eventHeap) Pop() any {
-	old := *h
-	x := old[len(old)-1]
-	*h = old[:len(old)-1]
-	return x
+
+func (h *eventHeap) push(e event) {
+	*h = append(*h, e)
+	q := *h
+	for i := len(q) - 1; i > 0; {
+		p := (i - 1) / 2
+		if !q.less(i, p) {
+			break
+		}
+		q[i], q[p] = q[p], q[i]
+		i = p
+	}
+}
+
+func (h *eventHeap) pop() event {
+	q := *h
+	top := q[0]
+	last := len(q) - 1
+	q[0] = q[last]
+	q = q[:last]
+	for i := 0; ; {
+		l, r, m := 2*i+1, 2*i+2, i
+		if l < len(q) && q.less(l, m) {
+			m = l
+		}
+		if r < len(q) && q.less(r, m) {
+			m = r
+		}
+		if m == i {
+			break
+		}
+		q[i], q[m] = q[m], q[i]
+		i = m
+	}
+	*h = q
+	return top
 }
 
 // sideBase numbers side-load requests apart from the scenario's.
@@ -90,7 +118,7 @@ type sim struct {
 
 func (s *sim) push(at time.Duration, kind, a, b int) {
 	s.seq++
-	heap.Push(&s.events, event{at: at, seq: s.seq, kind: kind, a: a, b: b})
+	s.events.push(event{at: at, seq: s.seq, kind: kind, a: a, b: b})
 }
 
 // Run plays scenario sc's workload w (built for the same seed) through router: open loop at
@@ -162,8 +190,8 @@ func Run(sc *Scenario, w *Built, seed uint64, rate float64, router Router) *Resu
 		s.push(0, evSide, sc.Side.Engine, 0)
 	}
 
-	for s.events.Len() > 0 && s.pending > 0 {
-		ev := heap.Pop(&s.events).(event)
+	for len(s.events) > 0 && s.pending > 0 {
+		ev := s.events.pop()
 		if ev.at > s.horizon {
 			break
 		}

@@ -94,17 +94,22 @@ func (n *treeNode) leafFor(tenant string) bool {
 }
 
 // shared returns how many leading runes a and b have in common, and their length in bytes.
+// The common bytes are found by halving with string comparisons (memequal, many bytes at a
+// time), then cut back to the start of the rune they end in.
 func shared(a, b string) (runes, bytes int) {
-	for bytes < len(a) && bytes < len(b) {
-		ra, na := utf8.DecodeRuneInString(a[bytes:])
-		rb, nb := utf8.DecodeRuneInString(b[bytes:])
-		if ra != rb || na != nb || a[bytes:bytes+na] != b[bytes:bytes+nb] {
-			break
+	lo, hi := 0, min(len(a), len(b)) // a[:lo] == b[:lo]; the common prefix is at most hi
+	for lo < hi {
+		mid := lo + (hi-lo+1)/2
+		if a[lo:mid] == b[lo:mid] {
+			lo = mid
+		} else {
+			hi = mid - 1
 		}
-		runes++
-		bytes += na
 	}
-	return runes, bytes
+	for lo > 0 && ((lo < len(a) && !utf8.RuneStart(a[lo])) || (lo < len(b) && !utf8.RuneStart(b[lo]))) {
+		lo--
+	}
+	return utf8.RuneCountInString(a[:lo]), lo
 }
 
 func firstRune(s string) rune {

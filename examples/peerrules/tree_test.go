@@ -178,3 +178,19 @@ func TestSGLTreeConcurrent(t *testing.T) {
 		t.Errorf("maintained %v, computed %v", got, want)
 	}
 }
+
+func TestShared(t *testing.T) {
+	for _, tc := range []struct {
+		a, b         string
+		runes, bytes int
+	}{
+		{"", "", 0, 0}, {"abc", "", 0, 0}, {"abc", "abd", 2, 2}, {"abc", "abc", 3, 3},
+		{"abcdefghijklmnopqrstuvwxyz", "abcdefghijklmnopqrstuvwxyZ", 25, 25},
+		{"你好嗎", "你好喔", 2, 6}, {"你好", "你好嗎", 2, 6}, {"é", "è", 0, 0}, {"aé", "aè", 1, 1},
+	} {
+		r, b := shared(tc.a, tc.b)
+		if r != tc.runes || b != tc.bytes {
+			t.Errorf("shared(%q, %q) = %d, %d; want %d, %d", tc.a, tc.b, r, b, tc.runes, tc.bytes)
+		}
+	}
+}
