@@ -29,8 +29,12 @@ type Request struct {
 	Adapter string // the LoRA adapter it runs with, "" for the base model
 	Text    string // the routing text the router reads
 	Chars   int    // chars of Text
-	Tokens  int    // true prompt tokens (Chars / the scenario's true chars per token)
-	Output  int    // output tokens
+	// Tokens is the true prompt length (Chars / the scenario's true chars per token): what
+	// the engine counts. A router estimates it from Chars (the oracle aside) and learns it
+	// from answers (Usage.PromptTokens).
+	Tokens int
+	// Output is the request's max_tokens; the engine generates exactly that many.
+	Output int
 
 	sess   int            // index of its session
 	hashes []uint64       // the engine's block hashes

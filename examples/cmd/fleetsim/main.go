@@ -2,7 +2,7 @@
 // scenario, seed and routing policy in virtual time. It prints one table and writes
 // DIR/scorecard.json. ./xcaddy.sh sim runs it.
 //
-//	fleetsim -out DIR [-scenarios REGEXP] [-seeds N] [-parallel N]
+//	fleetsim -out DIR [-scenarios REGEXP] [-seeds N] [-parallel N] [-requests N] [-list]
 package main
 
 import (
@@ -23,6 +23,7 @@ func main() {
 	parallel := flag.Int("parallel", 0, "scenario-seeds run at once (default: GOMAXPROCS)")
 	def := flag.String("default", "thresholds", "the decision kvroute's kv_cache_aware runs by default, as written in the card")
 	list := flag.Bool("list", false, "list the scenarios and exit")
+	requests := flag.Int("requests", 0, "cap every scenario's requests (a quick look; the card's figures are for the full counts)")
 	flag.Parse()
 	if *list {
 		for _, sc := range fleetsim.Scenarios() {
@@ -35,7 +36,7 @@ func main() {
 		flag.Usage()
 		os.Exit(2)
 	}
-	opts := fleetsim.Options{Seeds: *seeds, Parallel: *parallel, Default: *def, Log: os.Stderr}
+	opts := fleetsim.Options{Seeds: *seeds, Parallel: *parallel, Default: *def, Log: os.Stderr, MaxRequests: *requests}
 	if *scen != "" {
 		re, err := regexp.Compile(*scen)
 		if err != nil {
