@@ -37,7 +37,7 @@ type Config struct {
 	// Negative means unlimited.
 	MaxLoras int
 	// A step lasts StepFixed + PerPrefillToken × prefill tokens in the step + PerSeq ×
-	// sequences in the batch.
+	// sequences scheduled in the step.
 	StepFixed       time.Duration
 	PerPrefillToken time.Duration
 	PerSeq          time.Duration
@@ -359,7 +359,7 @@ func (e *Engine) release(s *seq) {
 // of its whole prompt and output when admitted, so a running request never runs out).
 func (e *Engine) schedule(now time.Duration, events []Event) []Event {
 	budget := e.cfg.MaxBatchTokens
-	prefill := 0
+	prefill, seqs := 0, 0
 	for _, s := range e.running {
 		if s.computed < s.req.Tokens {
 			s.sched = min(s.req.Tokens-s.computed, budget)
@@ -368,6 +368,9 @@ func (e *Engine) schedule(now time.Duration, events []Event) []Event {
 		} else if budget > 0 {
 			s.sched = 1
 			budget--
+		}
+		if s.sched > 0 {
+			seqs++
 		}
 	}
 	for i := 0; i < len(e.waiting) && budget > 0 && len(e.running) < e.cfg.MaxNumSeqs; {
@@ -409,6 +412,7 @@ func (e *Engine) schedule(now time.Duration, events []Event) []Event {
 		s.sched = min(r.Tokens-s.computed, budget)
 		prefill += s.sched
 		budget -= s.sched
+		seqs++
 		e.running = append(e.running, s)
 		e.waiting = append(e.waiting[:i], e.waiting[i+1:]...)
 	}
@@ -416,7 +420,8 @@ func (e *Engine) schedule(now time.Duration, events []Event) []Event {
 		return events
 	}
 	e.stepping = true
-	e.stepEnd = now + e.cfg.StepTime(prefill, len(e.running))
+	// A sequence the budget left out of this step (behind a long prefill) costs nothing.
+	e.stepEnd = now + e.cfg.StepTime(prefill, seqs)
 	return events
 }
 

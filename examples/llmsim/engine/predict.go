@@ -44,11 +44,12 @@ func (e *Engine) PredictTTFT(r *Request, now time.Duration) time.Duration {
 		wait = append(wait, fseq{prefill: s.req.Tokens - e.lookupBlocks(s.req)*bt, output: s.req.Output - 1})
 	}
 	wait = append(wait, fseq{prefill: max(r.Tokens, 1) - e.lookupBlocks(r)*bt, output: max(r.Output, 1) - 1, target: true})
+	sched := make([]int, 0, len(run)+len(wait))
 
 	for range 1 << 20 {
 		budget := e.cfg.MaxBatchTokens
-		prefill, decodes := 0, 0
-		sched := make([]int, 0, len(run)+1)
+		prefill, decodes, seqs := 0, 0, 0
+		sched = sched[:0]
 		for i := range run {
 			n := 0
 			if run[i].prefill > 0 {
@@ -60,6 +61,9 @@ func (e *Engine) PredictTTFT(r *Request, now time.Duration) time.Duration {
 			}
 			budget -= n
 			sched = append(sched, n)
+			if n > 0 {
+				seqs++
+			}
 		}
 		for len(wait) > 0 && budget > 0 && len(run) < e.cfg.MaxNumSeqs {
 			f := wait[0]
@@ -69,6 +73,7 @@ func (e *Engine) PredictTTFT(r *Request, now time.Duration) time.Duration {
 			budget -= n
 			run = append(run, f)
 			sched = append(sched, n)
+			seqs++
 		}
 		if prefill == 0 && decodes == len(run) && (len(wait) == 0 || len(run) >= e.cfg.MaxNumSeqs) {
 			// Only decodes until the first of them finishes.
@@ -87,7 +92,7 @@ func (e *Engine) PredictTTFT(r *Request, now time.Duration) time.Duration {
 			run = kept
 			continue
 		}
-		t += e.cfg.StepTime(prefill, len(run))
+		t += e.cfg.StepTime(prefill, seqs)
 		kept := run[:0]
 		for i, f := range run {
 			if f.prefill > 0 {
