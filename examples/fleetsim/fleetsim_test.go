@@ -278,3 +278,22 @@ func BenchmarkRun(b *testing.B) {
 		})
 	}
 }
+
+// Figures with nothing to measure are null in the JSON, never NaN (which encoding/json refuses).
+func TestUndefinedFiguresAreNull(t *testing.T) {
+	r := &Request{ID: 0, Engine: -1}
+	f := Measure(&Result{Requests: []*Request{r}, EngineLoad: []float64{0, 0}}, time.Second)
+	card := &Card{Default: "thresholds", Scenarios: []*ScenarioResult{{Name: "x", Seed: 1, SLO: 10, Policies: map[string]*Figures{"p": f}}}}
+	js, err := card.JSON()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []string{"hit_ratio", "ttft_p50_ms", "ttft_p99_ms", "e2e_p99_ms", "throughput_rps", "goodput_rps", "imbalance", "queue_wait_p99_ms", "shed_rps"} {
+		if !bytes.Contains(js, []byte(`"`+k+`": null`)) {
+			t.Errorf("%s is not null:\n%s", k, js)
+		}
+	}
+	if f.unserved != 1 {
+		t.Errorf("unserved %d, want 1", f.unserved)
+	}
+}
