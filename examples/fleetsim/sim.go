@@ -121,9 +121,9 @@ func (s *sim) push(at time.Duration, kind, a, b int) {
 	s.events.push(event{at: at, seq: s.seq, kind: kind, a: a, b: b})
 }
 
-// Run plays scenario sc's workload w (built for the same seed) through router: open loop at
+// Run plays scenario sc's workload b (built for the same seed) through router: open loop at
 // rate requests per second, or closed loop when the scenario has clients.
-func Run(sc *Scenario, w *Built, seed uint64, rate float64, router Router) *Result {
+func Run(sc *Scenario, b *Built, seed uint64, rate float64, router Router) *Result {
 	s := &sim{sc: sc, router: router}
 	n := len(sc.Engines)
 	s.engines = make([]*engine.Engine, n)
@@ -142,9 +142,9 @@ func Run(sc *Scenario, w *Built, seed uint64, rate float64, router Router) *Resu
 	}
 
 	// Each run has its own copies of the requests; text and hashes are shared.
-	s.sessions = w.w.sessions
-	s.reqs = make([][]*Request, len(w.reqs))
-	for i, calls := range w.reqs {
+	s.sessions = b.w.sessions
+	s.reqs = make([][]*Request, len(b.reqs))
+	for i, calls := range b.reqs {
 		s.reqs[i] = make([]*Request, len(calls))
 		for j, r := range calls {
 			c := *r
@@ -165,7 +165,7 @@ func Run(sc *Scenario, w *Built, seed uint64, rate float64, router Router) *Resu
 			s.startSession(0)
 		}
 	} else {
-		span := w.span
+		span := b.span
 		s.scale = 1
 		if rate > 0 && span > 0 {
 			s.scale = float64(len(s.byID)) / span.Seconds() / rate
