@@ -1,6 +1,7 @@
 package fleetsim
 
 import (
+	"cmp"
 	"fmt"
 	"slices"
 	"sync"
@@ -181,7 +182,7 @@ func ConversationWorkload(n int, seed uint64) *Workload {
 	}
 	// The first n by time: cutting where generation stopped would leave a tail of late
 	// follow-ups, and the arrival rate would sag at the end of the trace.
-	slices.SortStableFunc(reqs, func(a, b workload.Request) int { return int(a.Timestamp - b.Timestamp) })
+	slices.SortStableFunc(reqs, func(a, b workload.Request) int { return cmp.Compare(a.Timestamp, b.Timestamp) })
 	reqs = reqs[:n]
 	return traceWorkload("conversation", reqs, "llama-3.1-8b")
 }
@@ -233,12 +234,12 @@ func ToolAgentWorkload(n int, seed uint64) *Workload {
 	}
 	// The first n by time: cutting where generation stopped would leave a tail of late
 	// follow-ups, and the arrival rate would sag at the end of the trace.
-	slices.SortStableFunc(reqs, func(a, b workload.Request) int { return int(a.Timestamp - b.Timestamp) })
+	slices.SortStableFunc(reqs, func(a, b workload.Request) int { return cmp.Compare(a.Timestamp, b.Timestamp) })
 	reqs = reqs[:n]
 	return traceWorkload("toolagent", reqs, "llama-3.1-8b")
 }
 
-// SideLoadWorkload is the unrelated traffic a side client sends straight to one engine:
+// sideCall is request i of the unrelated traffic a side client sends straight to one engine:
 // prompts of 1-3k tokens that share nothing.
 func sideCall(r *rng, i int) call {
 	return call{segs: []segment{{id: segID("side", i), tokens: 1000 + r.intn(2000)}}, output: 50 + r.intn(150)}

@@ -104,8 +104,8 @@ type sim struct {
 	queue    int // closed loop: the next session to hand a client
 	waiting  []*Request
 	kicked   []bool // an evStep is pending for the engine
+	epoch    []int  // per engine: restarts so far; a step event of an earlier epoch is void
 
-	side      []*engine.Request
 	sideRNG   *rng
 	sideSeq   int
 	horizon   time.Duration
@@ -133,6 +133,7 @@ func Run(sc *Scenario, b *Built, seed uint64, rate float64, router Router) *Resu
 		s.ids[i] = EngineInfo{ID: fmt.Sprintf("engine-%d", i), Model: "llama-3.1-8b"}
 	}
 	s.kicked = make([]bool, n)
+	s.epoch = make([]int, n)
 	s.areaT = make([]time.Duration, n)
 	s.area = make([]float64, n)
 	s.lastCount = make([]int, n)
@@ -162,7 +163,7 @@ func Run(sc *Scenario, b *Built, seed uint64, rate float64, router Router) *Resu
 	if sc.Clients > 0 {
 		s.closed = true
 		for range min(sc.Clients, len(s.reqs)) {
-			s.startSession(0)
+			s.startSession()
 		}
 	} else {
 		span := b.span
@@ -200,6 +201,9 @@ func Run(sc *Scenario, b *Built, seed uint64, rate float64, router Router) *Resu
 		case evSend:
 			s.send(s.reqs[ev.a][ev.b])
 		case evStep:
+			if ev.b != s.epoch[ev.a] {
+				break // the engine restarted since
+			}
 			s.kicked[ev.a] = false
 			s.step(ev.a)
 		case evTelemetry:
@@ -209,6 +213,8 @@ func Run(sc *Scenario, b *Built, seed uint64, rate float64, router Router) *Resu
 			s.push(s.now+sc.TelemetryInterval, evTelemetry, 0, 0)
 		case evRestart:
 			s.account(ev.a)
+			s.epoch[ev.a]++
+			s.kicked[ev.a] = false
 			for _, e := range s.engines[ev.a].Restart(s.now) {
 				s.handle(ev.a, e)
 			}
@@ -262,7 +268,7 @@ func (s *sim) sendAt(i int) {
 }
 
 // startSession hands the next session to a closed-loop client.
-func (s *sim) startSession(time.Duration) {
+func (s *sim) startSession() {
 	if s.queue >= len(s.reqs) {
 		return
 	}
@@ -302,7 +308,7 @@ func (s *sim) submit(i int, er *engine.Request) {
 	s.account(i)
 	if !s.engines[i].Busy() && !s.kicked[i] {
 		s.kicked[i] = true
-		s.push(s.now, evStep, i, 0)
+		s.push(s.now, evStep, i, s.epoch[i])
 	}
 }
 
@@ -320,7 +326,7 @@ func (s *sim) step(i int) {
 	evs, busy := e.Advance(s.now)
 	s.account(i)
 	if busy {
-		s.push(e.StepEnd(), evStep, i, 0)
+		s.push(e.StepEnd(), evStep, i, s.epoch[i])
 	}
 	for _, ev := range evs {
 		s.handle(i, ev)
@@ -359,7 +365,7 @@ func (s *sim) finish(r *Request) {
 		if s.next[sess] < len(s.reqs[sess]) {
 			s.push(s.now, evSend, sess, s.next[sess])
 		} else {
-			s.startSession(s.now)
+			s.startSession()
 		}
 	} else {
 		s.sendAt(sess)
