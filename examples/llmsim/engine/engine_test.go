@@ -231,23 +231,42 @@ func TestMaxLoras(t *testing.T) {
 
 // PredictTTFT matches the timeline when the cache plays no part.
 func TestPredictTTFT(t *testing.T) {
+	lora := func(id uint64, adapter string) *Request {
+		return &Request{ID: id, Tokens: 20, Output: 5, Adapter: adapter}
+	}
 	cases := []struct {
-		name string
-		subs []*Request
+		name   string
+		subs   []*Request
+		target *Request
+		cfg    func(*Config)
 	}{
-		{"idle", nil},
-		{"batch full", []*Request{req(1, 20, 3), req(2, 20, 3)}},
-		{"queue", []*Request{req(1, 20, 30), req(2, 300, 3), req(3, 50, 8), req(4, 20, 1)}},
-		{"long prefill ahead", []*Request{req(1, 1000, 4)}},
+		{"idle", nil, nil, nil},
+		{"batch full", []*Request{req(1, 20, 3), req(2, 20, 3)}, nil, nil},
+		{"queue", []*Request{req(1, 20, 30), req(2, 300, 3), req(3, 50, 8), req(4, 20, 1)}, nil, nil},
+		{"long prefill ahead", []*Request{req(1, 1000, 4)}, nil, nil},
+		// 40 blocks: the first two requests take 32 of them (16 each), the third waits for
+		// room, and so does the target (8 blocks) behind it.
+		{"KV room", []*Request{req(1, 60, 4), req(2, 60, 4), req(3, 60, 4)}, req(99, 28, 4),
+			func(c *Config) { c.CapacityBlocks = 40; c.MaxNumSeqs = 4 }},
+		// One adapter at a time: the target's adapter waits until x's requests are done.
+		{"LoRA", []*Request{lora(1, "x"), lora(2, "x")}, lora(99, "y"),
+			func(c *Config) { c.MaxLoras = 1; c.MaxNumSeqs = 4 }},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			e := New(testConfig(), 0)
+			cfg := testConfig()
+			if tc.cfg != nil {
+				tc.cfg(&cfg)
+			}
+			e := New(cfg, 0)
 			for _, r := range tc.subs {
 				e.Submit(r, 0)
 			}
 			e.Advance(0)
 			target := req(99, 120, 2)
+			if tc.target != nil {
+				target = tc.target
+			}
 			pred := e.PredictTTFT(target, 0)
 			var got time.Duration
 			for _, line := range run(t, e, []sub{{0, target}}) {
