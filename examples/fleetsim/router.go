@@ -172,7 +172,7 @@ func (s *sglangRouter) Route(now time.Duration, req *Request) int {
 // scheduler run forward on a copy of its queue, with the request appended and its cached
 // prefix read from the engine's real cache; ties to the lowest index). Greedy: it does not
 // weigh what its choice costs the requests that come after, nor keep room for them, so a
-// router that plans ahead can beat it; and the forward run ignores evictions and sharing
+// router that plans ahead can beat it; and the forward run leaves out evictions and sharing
 // while the request waits (see PredictTTFT).
 type oracle struct {
 	inflight
