@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"math"
 	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
@@ -491,58 +490,5 @@ func TestCostEnergyPricesWhatAMoveForfeits(t *testing.T) {
 	// A cold request still goes to the cheap upstream.
 	if got := pick(t, p, pool, "m", bigCold(1, 600)); got != "cheap:1" {
 		t.Errorf("a cold request went to %s; want cheap", got)
-	}
-}
-
-// markSlower counts a candidate's decode beyond the fastest one's and a tolerance of a tenth
-// of it: like engines' learned speeds differ by noise, and a noise-sized difference must
-// leave the ranking to the load; past the tolerance it grows from 0, with no step. A candidate
-// without a learned decode speed counts as no slower.
-func TestMarkSlower(t *testing.T) {
-	for _, tc := range []struct {
-		decode, want []float64
-	}{
-		{[]float64{1, 1.05, 1.09}, []float64{0, 0, 0}},         // within a tenth: the same
-		{[]float64{1, 1.11}, []float64{0, 0.01}},               // a hair past it: a hair slower
-		{[]float64{1, 4, 1.2}, []float64{0, 2.9, 0.1}},         // 4× slower: 2.9 s more
-		{[]float64{0, 2, 1}, []float64{0, 0.9, 0}},             // not learned: no evidence
-		{[]float64{0, 0}, []float64{0, 0}},                     // none learned
-		{[]float64{math.Inf(1), 1}, []float64{math.Inf(1), 0}}, // a speed of ~0: never chosen for it
-	} {
-		cands := make([]candidate, len(tc.decode))
-		for i, d := range tc.decode {
-			cands[i].cost.decode = d
-			cands[i].cost.slower = -1 // stale
-		}
-		markSlower(cands)
-		for i := range cands {
-			if got := cands[i].cost.slower; !(math.Abs(got-tc.want[i]) <= 1e-9) && got != tc.want[i] {
-				t.Errorf("decode times %v: candidate %d slower by %v, want %v", tc.decode, i, got, tc.want[i])
-			}
-		}
-	}
-}
-
-// keepsWarm measures a warm upstream's slower decode against the alternative a move would
-// take, its own slower decode counted: with w 3 s slower at decode, an idle alternative just
-// as slow (move 0.8 s) and a fast one with a queue (move 1 s), the move goes to the fast one,
-// and w's 3 s beyond it are more than that move costs. Compared with the equally slow one
-// (the cheapest on TTFT alone), w's decode looked free and it kept the request.
-func TestKeepsWarmAgainstTheMoveItWouldMake(t *testing.T) {
-	cands := []candidate{
-		{cost: costPrediction{uncached: 0, speed: 5000, ttft: 0.01, slower: 3}},   // w
-		{cost: costPrediction{uncached: 2000, speed: 5000, ttft: 0.4, slower: 3}}, // as slow, idle
-		{cost: costPrediction{uncached: 2000, speed: 5000, ttft: 0.6}},            // fast, queued
-	}
-	b := band{abs: 4, rel: 1.5, cost: true, slack: 5}
-	if keepsWarm(cands, b, &cands[0]) {
-		t.Errorf("w, 3 s slower at decode than the fast alternative whose move costs 1 s, kept the request")
-	}
-	// Alike decoders: w keeps it (its TTFT is the lowest, nothing else is slower).
-	for i := range cands {
-		cands[i].cost.slower = 0
-	}
-	if !keepsWarm(cands, b, &cands[0]) {
-		t.Errorf("w lost the request with no slower decode and no slot wait")
 	}
 }

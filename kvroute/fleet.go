@@ -9,6 +9,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
+	"github.com/kvroute/caddy-kvroute/kvroute/decide"
 	"github.com/kvroute/caddy-kvroute/kvroute/telemetry"
 )
 
@@ -16,7 +17,7 @@ import (
 // each upstream's GET /v1/models, and the adapters its running and waiting requests use
 // (vllm:lora_requests_info). Step 1 leaves out an upstream whose list is read and does not
 // name the request's model; a request for an adapter prefers an upstream where the adapter is
-// warm (adapterCost).
+// warm (the decision's adapter signal: decide.Candidate.Adapter).
 
 // modelsEveryOverride replaces telemetry.DefaultModelsEvery when positive (nanoseconds):
 // tests read the lists faster.
@@ -83,14 +84,14 @@ func (l *loraState) observeReading(info *telemetry.LoRAInfo) {
 	}
 }
 
-// The values of adapterCost, in adapter loads.
+// The adapter signal's values, in adapter loads (decide.AdapterWarm...).
 const (
-	adapterWarm     = 0 // warm there (or the request names no adapter): no load
-	adapterFreeSlot = 1 // a load into a free slot
-	adapterEvict    = 2 // a load that evicts another warm adapter, whose next request loads it again
+	adapterWarm     = decide.AdapterWarm     // warm there (or the request names no adapter): no load
+	adapterFreeSlot = decide.AdapterFreeSlot // a load into a free slot
+	adapterEvict    = decide.AdapterEvict    // a load that evicts another warm adapter, whose next request loads it again
 )
 
-// cost is adapterCost for adapter on this upstream.
+// cost is the adapter signal for adapter on this upstream.
 func (l *loraState) cost(adapter string) float64 {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -112,13 +113,6 @@ func (l *loraState) sent(adapter string) (warm bool) {
 	l.touchLocked(adapter)
 	return warm
 }
-
-// adapterCost is the adapter signal of a candidate, for the decision's ranking: 0 when the
-// request names no LoRA adapter or the adapter is warm on the candidate, 1 when the candidate
-// has a free adapter slot (a load), 2 when loading it there evicts another warm adapter. A
-// ranking by predicted time adds adapterCost × the time of one adapter load; under decision
-// thresholds it leads the fallback placement and breaks ties of the prefix (select.go).
-func adapterCost(c *candidate) float64 { return c.adapter }
 
 // modelList returns the model list last read from the engine at addr; nil when none was.
 func (s *state) modelList(addr string) *telemetry.ModelList {
@@ -200,43 +194,6 @@ func (s *state) listedElsewhere(addr, model string, cands []candidate) bool {
 		}
 	}
 	return false
-}
-
-// warmInBand returns, for a request naming a LoRA adapter, the least busy of the candidates in
-// the band b where the adapter is warmest (adapterCost); -1 for any other request. The
-// imbalance step's prefix_in_band places a request without a prefix there rather than on the
-// least busy candidate anywhere: still within the band, without loading the adapter.
-func (p *KVCacheAware) warmInBand(cands []candidate, b band) int {
-	if len(cands) == 0 || !cands[0].lora {
-		return -1
-	}
-	var ibuf, tbuf [16]candidate
-	in := ibuf[:0]
-	for _, c := range cands {
-		if b.holds(c.load) {
-			in = append(in, c)
-		}
-	}
-	if len(in) == 0 {
-		return -1
-	}
-	tier := bestAdapterTier(tbuf[:0], in)
-	return indexOf(cands, tier[p.leastBusy(tier)].up.Dial)
-}
-
-// bestAdapterTier returns the candidates with the lowest adapterCost (all of them when the
-// request names no adapter), in dst.
-func bestAdapterTier(dst, cands []candidate) []candidate {
-	lo := adapterEvict + 1.0
-	for i := range cands {
-		lo = min(lo, adapterCost(&cands[i]))
-	}
-	for _, c := range cands {
-		if adapterCost(&c) == lo {
-			dst = append(dst, c)
-		}
-	}
-	return dst
 }
 
 // adapterSent records a request for the LoRA adapter model sent to u (a decision of this

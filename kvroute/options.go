@@ -13,6 +13,7 @@ import (
 
 	"github.com/kvroute/caddy-kvroute/energy"
 	"github.com/kvroute/caddy-kvroute/kvroute/cluster"
+	"github.com/kvroute/caddy-kvroute/kvroute/decide"
 )
 
 // Defaults of the policy's and the matcher's options: the one place where they are defined.
@@ -58,6 +59,7 @@ type settings struct {
 	evictionInterval time.Duration
 	maxTreeSize      int64
 	sessionHeader    string
+	sessionKey       string // sessionHeader in canonical form: looked up without a copy
 	sessionTTL       time.Duration
 	maxSessions      int
 	expectedTokens   int
@@ -87,6 +89,7 @@ func (p *KVCacheAware) settings(resolve bool) settings {
 		evictionInterval: or(time.Duration(p.EvictionInterval), DefaultEvictionInterval),
 		maxTreeSize:      or(p.MaxTreeSize, DefaultMaxTreeSize),
 		sessionHeader:    or(p.SessionHeader, DefaultSessionHeader),
+		sessionKey:       http.CanonicalHeaderKey(or(p.SessionHeader, DefaultSessionHeader)),
 		sessionTTL:       or(time.Duration(p.SessionTTL), DefaultSessionTTL),
 		maxSessions:      or(p.MaxSessions, DefaultMaxSessions),
 		expectedTokens:   or(p.ExpectedTokens, DefaultExpectedTokens),
@@ -354,4 +357,31 @@ func or[T comparable](v, def T) T {
 		return def
 	}
 	return v
+}
+
+// core returns the options the decision reads (kvroute/decide), with a placer of its own for
+// the fallback (round_robin keeps its position in it).
+func (s settings) core() decide.Options {
+	o := decide.Options{
+		CacheThreshold:       s.cacheThreshold,
+		BalanceAbs:           s.absThreshold,
+		BalanceRel:           s.relThreshold,
+		LeastBusyOnImbalance: s.onImbalance != "prefix_in_band",
+		ExpectedTokens:       s.expectedTokens,
+		TTFTSlack:            s.ttftSlack,
+	}
+	strategy, _ := energy.ParseStrategy(s.fallback)
+	o.Placer = energy.NewPlacer(strategy)
+	if s.decision == decisionCost {
+		o.Rule = decide.Cost
+	}
+	switch s.objective {
+	case objectiveCompletion:
+		o.Objective = decide.Completion
+	case objectiveEnergy:
+		o.Objective = decide.Energy
+	case objectiveCarbon:
+		o.Objective = decide.Carbon
+	}
+	return o
 }

@@ -9,6 +9,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/kvroute/caddy-kvroute/energy"
+	"github.com/kvroute/caddy-kvroute/kvroute/decide"
 )
 
 func init() {
@@ -84,8 +85,7 @@ type KVCacheAware struct {
 	Cluster *ClusterConfig `json:"cluster,omitempty"`
 
 	opts     settings
-	inBand   bool // on_imbalance prefix_in_band
-	placer   *energy.Placer
+	core     decide.Options // the decision's options (kvroute/decide)
 	cookie   *cookieCodec
 	profiles map[string]*energy.Profile
 	reg      *registration // what the shared state knows of this policy
@@ -113,9 +113,7 @@ func (p *KVCacheAware) Provision(ctx caddy.Context) error {
 	if err := validateUpstreams(p.Upstreams); err != nil {
 		return err
 	}
-	strategy, _ := energy.ParseStrategy(p.opts.fallback)
-	p.placer = energy.NewPlacer(strategy)
-	p.inBand = p.opts.onImbalance == "prefix_in_band"
+	p.core = p.opts.core()
 	if c := p.opts.cookie; c != nil {
 		p.cookie = &cookieCodec{name: c.Name, secret: []byte(c.Secret)}
 	}

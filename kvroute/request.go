@@ -52,7 +52,8 @@ type llmRequest struct {
 
 	// tried lists the dial addresses earlier attempts of this request went to. Select runs
 	// again for every retry, one attempt at a time, so only Select touches it.
-	tried []string
+	tried    []string
+	triedBuf [2]string // tried's storage for the first attempts
 
 	// cookieID is the session id of a cookie this request is about to set (session_cookie,
 	// no session yet): retries reuse it. cookieSet: the first attempt set it.
@@ -138,10 +139,45 @@ func setPlaceholders(r *http.Request, lr *llmRequest) {
 	ctx := r.Context()
 	caddyhttp.SetVar(ctx, "llm.model", lr.Model)
 	caddyhttp.SetVar(ctx, "llm.session", lr.Session)
-	caddyhttp.SetVar(ctx, "llm.prompt_chars", strconv.Itoa(lr.Runes))
-	caddyhttp.SetVar(ctx, "llm.max_tokens", strconv.Itoa(lr.MaxTokens))
-	caddyhttp.SetVar(ctx, "llm.stream", strconv.FormatBool(lr.Stream))
-	caddyhttp.SetVar(ctx, "llm.format", lr.Format.String())
+	caddyhttp.SetVar(ctx, "llm.prompt_chars", intVar(lr.Runes))
+	caddyhttp.SetVar(ctx, "llm.max_tokens", intVar(lr.MaxTokens))
+	caddyhttp.SetVar(ctx, "llm.stream", boolVars[b2i(lr.Stream)])
+	caddyhttp.SetVar(ctx, "llm.format", formatVar(lr.Format))
+}
+
+// The placeholders' common values, made into interface values once: a var set per request
+// would otherwise allocate each.
+var (
+	boolVars  = [2]any{"false", "true"}
+	smallInts = func() (v [1024]any) {
+		for i := range v {
+			v[i] = strconv.Itoa(i)
+		}
+		return v
+	}()
+	formatVars = func() (v [256]any) {
+		for i := range v {
+			v[i] = llmreq.Format(i).String()
+		}
+		return v
+	}()
+)
+
+// intVar is n as a placeholder value: its decimal string.
+func intVar(n int) any {
+	if n >= 0 && n < len(smallInts) {
+		return smallInts[n]
+	}
+	return strconv.Itoa(n)
+}
+
+func formatVar(f llmreq.Format) any { return formatVars[f] }
+
+func b2i(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 // boundKey returns s, or a digest of it when s is longer than max bytes or is not valid UTF-8.

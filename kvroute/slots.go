@@ -1,9 +1,9 @@
 package kvroute
 
 import (
-	"slices"
 	"time"
 
+	"github.com/kvroute/caddy-kvroute/kvroute/decide"
 	"github.com/kvroute/caddy-kvroute/kvroute/telemetry"
 )
 
@@ -28,59 +28,36 @@ import (
 // more running than the figure is a sample too, queue or not, and a sample stands
 // slotSampleLife at most (the term lapses, and the prediction is the prefill queue's alone,
 // until the engine queues again).
+//
+// The estimator is decide.Slots, fed with each reading and interval at its time.
 const (
-	slotWindow     = 5
-	minSlotSamples = 3
+	slotWindow     = decide.SlotWindow
+	minSlotSamples = decide.MinSlotSamples
 	// maxSlots bounds a plausible slot count: vLLM's default max_num_seqs is 256 to 1,024, a
 	// reading far beyond is no engine's.
-	maxSlots = 1 << 16
+	maxSlots = decide.MaxSlots
 	// maxSlotWaitSeconds bounds the predicted wait: whatever the figures, the prediction stays
 	// a finite number of seconds that converts to a deadline in nanoseconds.
 	maxSlotWaitSeconds = 3600.0
-	// minOutputRequests is how many requests an interval window must count before the mean
-	// output is learned from it.
-	minOutputRequests = 4
 	// slotSampleLife is how long a sample of the slot count stands: an engine reconfigured or
 	// replaced behind its address without a restart the counters show is relearned within it.
-	slotSampleLife = 5 * time.Minute
+	slotSampleLife = time.Duration(decide.SlotSampleLife)
 )
 
 // slotLearn is what the readings teach about an upstream's batch: owned by its scrape
 // goroutine (under upstreamLearn.mu), published in learnedFigures.
-type slotLearn struct {
-	samples []slotSample // the latest readings that reported a queue, or more running than the figure
-	// outputs are the latest intervals' generation tokens and started requests, for the
-	// mean output per request.
-	outputs [speedWindow][2]float64
-	nOut    int
-}
+type slotLearn struct{ est decide.Slots }
 
-// slotSample is one reading's running count, at the reading's time (unix nanoseconds).
-type slotSample struct{ running, at int64 }
-
-// observe takes in one reading's gauges: a queue with requests running is a sample of the
-// capacity, and so is more running than the figure learned at now. A reading without both
-// gauges, with nothing running (an engine starting, a gauge not updated yet), or beyond
-// maxSlots is no sample.
+// observe takes in one reading's gauges at now: a reading without both gauges is no sample.
 func (s *slotLearn) observe(r *telemetry.Reading, now int64) {
-	if !r.Known.Has(telemetry.HasRunning|telemetry.HasWaiting) || r.Running <= 0 || r.Running > maxSlots {
+	if !r.Known.Has(telemetry.HasRunning | telemetry.HasWaiting) {
 		return
 	}
-	if r.Waiting <= 0 {
-		if cur, _ := s.figures(now); cur <= 0 || r.Running <= cur {
-			return
-		}
-	}
-	if len(s.samples) == slotWindow {
-		s.samples = append(s.samples[:0], s.samples[1:]...)
-	}
-	s.samples = append(s.samples, slotSample{running: r.Running, at: now})
+	s.est.ObserveGauges(r.Running, r.Waiting, now)
 }
 
 // observeOutput takes in one interval's generation tokens and the requests the engine started
-// (its prefill-time or TTFT count): their ratio over the latest intervals is the mean output
-// per request. Tokens and requests are summed over the window, not averaged per interval: a
-// request's tokens fall in the intervals it decodes in, its start in one.
+// (its TTFT count, else its prefill-time count).
 func (s *slotLearn) observeOutput(d *telemetry.Delta) {
 	started, ok := 0.0, false
 	switch {
@@ -89,73 +66,15 @@ func (s *slotLearn) observeOutput(d *telemetry.Delta) {
 	case d.Known.Has(telemetry.HasPrefillTime):
 		started, ok = d.PrefillRequests, true
 	}
-	if !ok || !d.Known.Has(telemetry.HasGenerationTokens) || !(started >= 0) || !(d.GenerationTokens >= 0) {
+	if !ok || !d.Known.Has(telemetry.HasGenerationTokens) {
 		return
 	}
-	s.outputs[s.nOut%speedWindow] = [2]float64{d.GenerationTokens, started}
-	s.nOut++
+	s.est.ObserveOutput(d.GenerationTokens, started)
 }
 
 // reset forgets everything: a restarted engine may run with other settings.
-func (s *slotLearn) reset() { *s = slotLearn{samples: s.samples[:0]} }
+func (s *slotLearn) reset() { s.est.Reset() }
 
 // figures returns the slot count learned from the samples that stand at now (0: none) and
 // the mean output tokens per request (0: none).
-func (s *slotLearn) figures(now int64) (slots int64, meanOutput float64) {
-	var buf [slotWindow]int64
-	live := buf[:0]
-	for _, x := range s.samples {
-		if now-x.at <= int64(slotSampleLife) {
-			live = append(live, x.running)
-		}
-	}
-	if len(live) >= minSlotSamples {
-		slices.Sort(live)
-		slots = live[len(live)/2]
-	}
-	var tokens, requests float64
-	for i := range min(s.nOut, speedWindow) {
-		tokens += s.outputs[i][0]
-		requests += s.outputs[i][1]
-	}
-	if requests >= minOutputRequests {
-		meanOutput = tokens / requests
-	}
-	return slots, meanOutput
-}
-
-// slotWait is the slot signal: the seconds a request sent to c now waits for a batch slot.
-//
-//	wait = (in_flight + 1 − slots) / slots × output / decode_speed
-//
-// in_flight is c's load (this router's requests there, its peers' and the engine's external
-// ones: all that hold or wait for its slots); slots the learned count. When the request would
-// be one of the first `slots`, it waits for none. Beyond, each slot frees once per service
-// time, output / decode_speed (the mean output tokens per request, learned from the engine,
-// else expected_tokens, at the learned per-request decode speed): the k-th request past the
-// slots gets one after k / slots service times. This is the throughput view, not the residual
-// time of the running requests (unknown here: the router does not see how far along each is);
-// for the first one in line it overstates the wait by slots / (slots + 1) at most, and it is
-// exact on average for a queue that keeps the engine busy. Without a learned slot count or
-// decode speed, or without a fresh reading of the engine (telemetry off since, its reader
-// gone, its metrics failing: the figures may be another engine's by now), no term: the
-// prediction is the prefill queue's alone.
-func (p *KVCacheAware) slotWait(c *candidate, now int64) float64 {
-	f := c.st.learn.figures.Load()
-	if f == nil || f.Slots <= 0 || !f.DecodeLearned || !(f.DecodeTokensPerSecond > 0) {
-		return 0
-	}
-	if !c.st.freshReading(now) {
-		return 0
-	}
-	ahead := c.load + 1 - f.Slots
-	if ahead <= 0 {
-		return 0
-	}
-	output := f.MeanOutputTokens
-	if !(output > 0) {
-		output = float64(p.opts.expectedTokens)
-	}
-	wait := float64(ahead) / float64(f.Slots) * output / f.DecodeTokensPerSecond
-	return min(wait, maxSlotWaitSeconds)
-}
+func (s *slotLearn) figures(now int64) (slots int64, meanOutput float64) { return s.est.Figures(now) }

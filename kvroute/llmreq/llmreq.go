@@ -145,7 +145,7 @@ func (p *parser) release() {
 func Hint(r *http.Request) Format {
 	path := strings.TrimSuffix(r.URL.Path, "/")
 	switch {
-	case strings.HasSuffix(path, "/v1/messages") || r.Header.Get("anthropic-version") != "":
+	case strings.HasSuffix(path, "/v1/messages") || r.Header.Get("Anthropic-Version") != "": // the canonical key: looked up without a copy
 		return Messages
 	case strings.HasSuffix(path, "/v1/responses"):
 		return Responses
