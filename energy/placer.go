@@ -124,6 +124,13 @@ func (p *Placer) Strategy() Strategy { return p.strategy }
 // that tie are chosen among uniformly at random. An unknown strategy
 // places like LeastBusy.
 func (p *Placer) Place(cands []Candidate, expectedTokens int) int {
+	return p.PlaceRand(cands, expectedTokens, nil)
+}
+
+// PlaceRand is Place with rng as the source of its random choices (ties,
+// Random); nil is the global source. A simulator passes a seeded one to
+// place the same way on every run; rng is not safe for concurrent use.
+func (p *Placer) PlaceRand(cands []Candidate, expectedTokens int, rng *rand.Rand) int {
 	switch len(cands) {
 	case 0:
 		return -1
@@ -132,21 +139,28 @@ func (p *Placer) Place(cands []Candidate, expectedTokens int) int {
 	}
 	switch p.strategy {
 	case Joule:
-		return placeByCost(cands, expectedTokens, false)
+		return placeByCost(cands, expectedTokens, false, rng)
 	case Carbon:
-		return placeByCost(cands, expectedTokens, true)
+		return placeByCost(cands, expectedTokens, true, rng)
 	case RoundRobin:
 		return int(p.next.Add(1) % uint64(len(cands)))
 	case Random:
-		return rand.IntN(len(cands))
+		return intN(rng, len(cands))
 	default:
-		return Idlest(cands)
+		return IdlestRand(cands, rng)
 	}
+}
+
+func intN(rng *rand.Rand, n int) int {
+	if rng == nil {
+		return rand.IntN(n)
+	}
+	return rng.IntN(n)
 }
 
 // placeByCost picks the lowest projected joules (or grams of CO2e when
 // carbon is set), then the lowest busyness.
-func placeByCost(cands []Candidate, expectedTokens int, carbon bool) int {
+func placeByCost(cands []Candidate, expectedTokens int, carbon bool, rng *rand.Rand) int {
 	var eSum, ciSum float64
 	var eN, ciN int
 	for i := range cands {
@@ -164,7 +178,7 @@ func placeByCost(cands []Candidate, expectedTokens int, carbon bool) int {
 		}
 	}
 	if eN == 0 && ciN == 0 {
-		return Idlest(cands)
+		return IdlestRand(cands, rng)
 	}
 	// An unknown factor with no annotated candidate is the same for all,
 	// so 1 keeps the other factor's ranking.
@@ -179,7 +193,7 @@ func placeByCost(cands []Candidate, expectedTokens int, carbon bool) int {
 	// is kept in real units; a request that states no tokens still costs one.
 	tokens := float64(max(expectedTokens, 1))
 
-	var t Ranking
+	t := Ranking{Rand: rng}
 	for i := range cands {
 		c := &cands[i]
 		e, ci := eMean, ciMean
@@ -202,8 +216,12 @@ func placeByCost(cands []Candidate, expectedTokens int, carbon bool) int {
 
 // Idlest returns the index of the candidate with the lowest busyness (then
 // the least cached text, then at random), or -1 when cands is empty.
-func Idlest(cands []Candidate) int {
-	var t Ranking
+func Idlest(cands []Candidate) int { return IdlestRand(cands, nil) }
+
+// IdlestRand is Idlest with rng as the source of its random choices (nil:
+// the global source).
+func IdlestRand(cands []Candidate, rng *rand.Rand) int {
+	t := Ranking{Rand: rng}
 	for i := range cands {
 		t.Offer(i, Busyness(cands[i].InFlight, cands[i].QueuedTokens), float64(cands[i].CachedTokens), 0)
 	}
@@ -217,6 +235,9 @@ func Idlest(cands []Candidate) int {
 // needs no memory per candidate, so ranking does not allocate. The zero
 // value is ready to use.
 type Ranking struct {
+	// Rand is the source of the random choices among ties; nil is the
+	// global source (safe for concurrent use; a *rand.Rand is not).
+	Rand                         *rand.Rand
 	best                         int
 	ties                         int
 	primary, secondary, tertiary float64
@@ -246,7 +267,7 @@ func (t *Ranking) Offer(i int, primary, secondary, tertiary float64) {
 		}
 		if c == 0 {
 			t.ties++
-			if rand.IntN(t.ties) == 0 {
+			if intN(t.Rand, t.ties) == 0 {
 				t.best = i
 			}
 			return

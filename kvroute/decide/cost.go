@@ -94,7 +94,7 @@ func (d *decision) byCost() (int, Path) {
 	chosen := -1
 	switch d.o.Objective {
 	case Energy, Carbon:
-		var t energy.Ranking
+		t := energy.Ranking{Rand: d.o.Rand}
 		j := d.joulesOf()
 		bound := TTFTBound(d.band.best, d.band.slack)
 		for i := range d.cands {
@@ -109,7 +109,7 @@ func (d *decision) byCost() (int, Path) {
 		}
 	}
 	if chosen < 0 {
-		var t energy.Ranking
+		t := energy.Ranking{Rand: d.o.Rand}
 		for i := range d.cands {
 			if c := &d.cands[i]; d.inBand(c) {
 				t.Offer(i, c.Cost.TTFT+forfeit(c, warmest)+c.Cost.Slower, busyness(c), float64(c.HeldChars)/DefaultCharsPerToken)

@@ -2,6 +2,7 @@ package decide
 
 import (
 	"math"
+	"math/rand/v2"
 
 	"github.com/kvroute/caddy-kvroute/energy"
 )
@@ -116,6 +117,10 @@ type Options struct {
 	ExpectedTokens int
 	// TTFTSlack is decision cost's tolerance, a fraction of the best predicted TTFT.
 	TTFTSlack float64
+	// Rand is the source of the random choices among ties (and of fallback random); nil is
+	// the global source. A simulator passes a seeded one: the same seed, the same decisions.
+	// A *rand.Rand is not safe for concurrent use: Caddy leaves it nil.
+	Rand *rand.Rand
 }
 
 // Request is what the decision knows of the request.
@@ -259,7 +264,7 @@ func leaveOut(cands []Candidate, kind int) []Candidate {
 // Decide runs steps 2 to 5 of the decision over s's candidates (step 1, Filter, done): the
 // session, a Responses follow-up, then decision cost's ranking or decision thresholds'
 // imbalance, prefix and fallback steps. It fills every candidate's Cost and allocates nothing
-// (up to 16 candidates). Ties are broken at random (energy.Ranking).
+// (up to 16 candidates). Ties are broken at random (energy.Ranking), from o.Rand.
 func Decide(o *Options, s *Snapshot) Result {
 	cands := s.Candidates
 	if len(cands) == 0 {
@@ -408,7 +413,7 @@ func (d *decision) prefix() (int, Path) {
 // of those tied the one where the request's LoRA adapter is warmest, then the least busy, or
 // -1 when none holds any.
 func (d *decision) longest(inBand bool) int {
-	var t energy.Ranking
+	t := energy.Ranking{Rand: d.o.Rand}
 	for i := range d.cands {
 		if c := &d.cands[i]; c.Match > 0 && (!inBand || d.inBand(c)) {
 			t.Offer(i, -float64(c.Match), c.Adapter, busyness(c))
@@ -444,12 +449,12 @@ func (d *decision) leastBusy(idx []int) int {
 		for i := range d.cands {
 			ec = append(ec, placement(&d.cands[i]))
 		}
-		return energy.Idlest(ec)
+		return energy.IdlestRand(ec, d.o.Rand)
 	}
 	for _, i := range idx {
 		ec = append(ec, placement(&d.cands[i]))
 	}
-	if j := energy.Idlest(ec); j >= 0 {
+	if j := energy.IdlestRand(ec, d.o.Rand); j >= 0 {
 		return idx[j]
 	}
 	return -1
@@ -504,9 +509,9 @@ func (d *decision) place() int {
 	if placer == nil {
 		placer = &defaultPlacer
 	}
-	i := placer.Place(ec, expected)
+	i := placer.PlaceRand(ec, expected, d.o.Rand)
 	if i < 0 {
-		i = energy.Idlest(ec)
+		i = energy.IdlestRand(ec, d.o.Rand)
 	}
 	return tier[i]
 }

@@ -2,6 +2,8 @@ package decide
 
 import (
 	"math"
+	"math/rand/v2"
+	"slices"
 	"testing"
 
 	"github.com/kvroute/caddy-kvroute/energy"
@@ -338,5 +340,35 @@ func TestKeepsWarmAgainstTheMoveItWouldMake(t *testing.T) {
 	}
 	if !d.keepsWarm(&cands[0]) {
 		t.Errorf("w lost the request with no slower decode and no slot wait")
+	}
+}
+
+// With a seeded source, ties go the same way on every run (a simulator's determinism), and
+// still spread: never all to the first candidate.
+func TestDecideSeededTies(t *testing.T) {
+	run := func(seed uint64) []int {
+		o := thresholds()
+		o.Rand = rand.New(rand.NewPCG(seed, 1))
+		var got []int
+		for range 64 {
+			cands := make([]Candidate, 4) // four idle, cold, alike: every step ties
+			s := Snapshot{Now: 1, Request: req(1000), Candidates: cands}
+			got = append(got, Decide(&o, &s).Chosen)
+		}
+		return got
+	}
+	a, b := run(7), run(7)
+	seen := map[int]bool{}
+	for i := range a {
+		if a[i] != b[i] {
+			t.Fatalf("seed 7 twice: decision %d went to %d, then to %d", i, a[i], b[i])
+		}
+		seen[a[i]] = true
+	}
+	if len(seen) < 4 {
+		t.Errorf("64 tied decisions went to %d of 4 candidates: %v", len(seen), a)
+	}
+	if c := run(8); slices.Equal(a, c) {
+		t.Errorf("seeds 7 and 8 made the same 64 choices")
 	}
 }

@@ -15,7 +15,7 @@
 // The package imports only the standard library and energy. It takes no locks, starts no
 // goroutine, does no I/O and allocates nothing per decision for up to 16 candidates: the
 // caller owns the candidate slice and may reuse it. Ties are broken at random
-// (energy.Ranking), as in Caddy.
+// (energy.Ranking), from Options.Rand: a seeded source makes a run repeat exactly.
 //
 // Step 1 (which upstreams are candidates) is the caller's, but for the leaving out of
 // upstreams held down, saturated (max_concurrency) or tried by an earlier attempt: Filter.
