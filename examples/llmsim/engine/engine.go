@@ -166,7 +166,10 @@ type Reading struct {
 	TTFTCount uint64
 	// PrefillSum is the time requests spent from admission to first token.
 	PrefillSum time.Duration
-	Evictions  uint64
+	// DecodeSum is the time requests spent from first token to their last (vLLM's
+	// request_decode_time_seconds sum), counted as each finishes.
+	DecodeSum time.Duration
+	Evictions uint64
 }
 
 // seq is a request in the engine.
@@ -177,9 +180,10 @@ type seq struct {
 	cached    int // tokens hit at admission
 	computed  int // prompt tokens computed (cached ones included)
 	generated int
-	hashed    int // leading prompt blocks held in the cache's index
-	private   int // blocks held outside the index (uncomputed, partial, output)
-	sched     int // tokens scheduled in the running step
+	hashed    int           // leading prompt blocks held in the cache's index
+	private   int           // blocks held outside the index (uncomputed, partial, output)
+	sched     int           // tokens scheduled in the running step
+	first     time.Duration // when its first token came
 }
 
 // Engine is one engine's state. It is not safe for concurrent use.
@@ -318,6 +322,7 @@ func (e *Engine) finishStep(now time.Duration) []Event {
 				e.reading.TTFTSum += now - s.submitted
 				e.reading.TTFTCount++
 				e.reading.PrefillSum += now - s.admitted
+				s.first = now
 				events = append(events, Event{Req: r, Kind: FirstToken, Cached: s.cached, Admitted: s.admitted})
 			}
 		} else {
@@ -329,6 +334,7 @@ func (e *Engine) finishStep(now time.Duration) []Event {
 			events = append(events, Event{Req: r, Kind: Finished, Cached: s.cached, Admitted: s.admitted})
 			e.release(s)
 			e.reading.Finished++
+			e.reading.DecodeSum += now - s.first
 			continue
 		}
 		kept = append(kept, s)
