@@ -51,6 +51,11 @@ func TestCardDeterministic(t *testing.T) {
 	if !bytes.Contains(out[0], []byte(`"default": "thresholds"`)) || !bytes.Contains(out[0], []byte(`"queue_wait_p99_ms"`)) {
 		t.Errorf("the card lacks fields:\n%s", out[0])
 	}
+	for _, p := range []string{"kv_cache_aware", "kv_thresholds", "kv_cost"} {
+		if !bytes.Contains(out[0], []byte(`"`+p+`"`)) {
+			t.Errorf("the card lacks policy %s", p)
+		}
+	}
 }
 
 // A short scorecard and what must hold on it.
@@ -85,6 +90,21 @@ func TestShortCardInvariants(t *testing.T) {
 			if s.Name == "chat-80" && f.unserved != 0 {
 				t.Errorf("%s %s: %d unserved at 80%% load", s.Name, name, f.unserved)
 			}
+		}
+	}
+	// kvroute's decisions: prefix-aware, they hit more than round_robin; kv_cache_aware runs
+	// the default decision, choice for choice.
+	for _, scen := range []string{"chat-80", "chat-closed-16"} {
+		rr := get(scen, "round_robin")
+		for _, pol := range []string{"kv_thresholds", "kv_cost"} {
+			if f := get(scen, pol); f.HitRatio < rr.HitRatio+0.1 {
+				t.Errorf("%s: %s's hit ratio %v is not 0.1 above round_robin's %v", scen, pol, f.HitRatio, rr.HitRatio)
+			}
+		}
+	}
+	for _, s := range card.Scenarios {
+		if def, kv := s.Policies["kv_"+card.Default], s.Policies["kv_cache_aware"]; *def != *kv {
+			t.Errorf("%s: kv_cache_aware %+v is not kv_%s %+v", s.Name, *kv, card.Default, *def)
 		}
 	}
 	if f := get("chat-110", "round_robin"); !(f.Goodput < f.Throughput) {

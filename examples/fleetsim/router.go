@@ -5,6 +5,7 @@ import (
 
 	"github.com/kvroute/caddy-kvroute/examples/llmsim/engine"
 	"github.com/kvroute/caddy-kvroute/examples/peerrules"
+	"github.com/kvroute/caddy-kvroute/kvroute/decide"
 )
 
 // Route's answers other than an engine's index.
@@ -59,9 +60,17 @@ type Policy struct {
 	New  func(seed uint64) Router
 }
 
-// Policies are the built-in routers, in the scorecard's order. kvroute's own decisions
-// (kv_cache_aware, kv_thresholds, kv_cost) are added by the code that wires its decision core.
-var Policies = []Policy{
+// Policies are the routers of the scorecard, in its order: kvroute's decisions (KVPolicies,
+// kv_cache_aware running kvroute's default decision), then the baselines.
+var Policies = PoliciesWith(decide.DefaultRule)
+
+// PoliciesWith is Policies with kv_cache_aware running decision def.
+func PoliciesWith(def decide.Rule) []Policy {
+	return append(KVPolicies(def), Baselines...)
+}
+
+// Baselines are the built-in routers other than kvroute's.
+var Baselines = []Policy{
 	{"sglang", func(uint64) Router { return &sglangRouter{rules: peerrules.NewCacheAware()} }},
 	{"least_conn", func(seed uint64) Router { return &leastConn{rng: newRNG(seed, "least_conn")} }},
 	{"round_robin", func(uint64) Router { return &roundRobin{} }},

@@ -134,8 +134,10 @@ func pct(v []float64, p float64) Num {
 type Options struct {
 	Scenarios *regexp.Regexp // nil: all
 	Seeds     int            // seeds 1..Seeds; 0: 3
-	Policies  []Policy       // nil: Policies
-	Default   string
+	Policies  []Policy       // nil: PoliciesWith(Default)
+	// Default is the decision kv_cache_aware runs, "thresholds" or "cost" ("": kvroute's
+	// default, decide.DefaultRule).
+	Default string
 	// Parallel runs this many scenario-seeds at once; 0: GOMAXPROCS.
 	Parallel int
 	// Log, when set, gets a line per scenario and seed as it completes.
@@ -211,8 +213,13 @@ func RunCard(opts Options) (*Card, error) {
 	if opts.Seeds <= 0 {
 		opts.Seeds = 3
 	}
+	rule, ok := ParseRule(opts.Default)
+	if !ok {
+		return nil, fmt.Errorf("default: want thresholds or cost, got %q", opts.Default)
+	}
+	opts.Default = RuleName(rule)
 	if opts.Policies == nil {
-		opts.Policies = Policies
+		opts.Policies = PoliciesWith(rule)
 	}
 	if opts.Parallel <= 0 {
 		opts.Parallel = runtime.GOMAXPROCS(0)

@@ -21,7 +21,7 @@ func main() {
 	scen := flag.String("scenarios", "", "run only the scenarios whose name matches this regular expression")
 	seeds := flag.Int("seeds", 3, "seeds per scenario (1..N)")
 	parallel := flag.Int("parallel", 0, "scenario-seeds run at once (default: GOMAXPROCS)")
-	def := flag.String("default", "thresholds", "the decision kvroute's kv_cache_aware runs by default, as written in the card")
+	def := flag.String("default", "", "the decision kvroute's kv_cache_aware runs: thresholds or cost (default: kvroute's own default)")
 	list := flag.Bool("list", false, "list the scenarios and exit")
 	requests := flag.Int("requests", 0, "cap every scenario's requests (a quick look; the card's figures are for the full counts)")
 	flag.Parse()
