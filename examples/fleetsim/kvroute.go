@@ -56,6 +56,8 @@ type kvRouter struct {
 	last struct {
 		path   decide.Path
 		engine int
+		cands  []decide.Candidate // the decision's candidates, valid until the next decision
+		req    decide.Request
 	}
 }
 
@@ -288,7 +290,7 @@ func (k *kvRouter) Route(now time.Duration, req *Request) int {
 		u.mixed = true
 	}
 	u.model, u.modelSet = req.Model, true
-	k.last.path, k.last.engine = res.Path, i
+	k.last.path, k.last.engine, k.last.cands, k.last.req = res.Path, i, dc, snap.Request
 	return i
 }
 

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/kvroute/caddy-kvroute/examples/fleetsim"
+	"github.com/kvroute/caddy-kvroute/kvroute/decide"
 )
 
 func main() {
@@ -23,11 +24,37 @@ func main() {
 	parallel := flag.Int("parallel", 0, "scenario-seeds run at once (default: GOMAXPROCS)")
 	def := flag.String("default", "", "the decision kvroute's kv_cache_aware runs: thresholds or cost (default: kvroute's own default)")
 	list := flag.Bool("list", false, "list the scenarios and exit")
+	diagnose := flag.Bool("diagnose", false, "instead of the card: diagnose kvroute's decisions (kv_thresholds, kv_cost) on the chosen scenarios and seeds: per decision path, how often a full engine was chosen while another was free")
 	requests := flag.Int("requests", 0, "cap every scenario's requests (a quick look; the card's figures are for the full counts)")
 	flag.Parse()
 	if *list {
 		for _, sc := range fleetsim.Scenarios() {
 			fmt.Println(sc.Name)
+		}
+		return
+	}
+	if *diagnose {
+		var re *regexp.Regexp
+		if *scen != "" {
+			re = regexp.MustCompile(*scen)
+		}
+		for _, sc := range fleetsim.Scenarios() {
+			if re != nil && !re.MatchString(sc.Name) {
+				continue
+			}
+			if *requests > 0 {
+				sc.Requests = min(sc.Requests, *requests)
+			}
+			for seed := 1; seed <= *seeds; seed++ {
+				for _, rule := range []decide.Rule{decide.Thresholds, decide.Cost} {
+					d, f, err := fleetsim.DiagnoseKV(sc, uint64(seed), rule)
+					if err != nil {
+						fmt.Fprintf(os.Stderr, "fleetsim: %v\n", err)
+						os.Exit(1)
+					}
+					d.Write(os.Stdout, fmt.Sprintf("%s seed %d kv_%s (hit %v, ttft p50 %v ms, p99 %v ms, goodput %v)", sc.Name, seed, fleetsim.RuleName(rule), f.HitRatio, f.TTFTP50, f.TTFTP99, f.Goodput))
+				}
+			}
 		}
 		return
 	}
