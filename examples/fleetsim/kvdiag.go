@@ -21,8 +21,8 @@ type KVDiagnosis struct {
 	// was the least loaded as the router counts (requests in flight), whether the router had
 	// learned its slots, and whether its learned slots said it was full.
 	MatchNone, MatchLow, MatchMid, MatchHigh int
-	LeastLoaded                   int
-	SlotsKnown, RouterSawFull     int
+	LeastLoaded                              int
+	SlotsKnown, RouterSawFull                int
 }
 
 // KVPathFigures are one decision path's decisions.
