@@ -290,7 +290,7 @@ func BenchmarkRun(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	for _, name := range []string{"round_robin", "sglang", "oracle"} {
+	for _, name := range []string{"round_robin", "sglang", "oracle", "kv_thresholds", "kv_cost"} {
 		p := policy(b, name)
 		b.Run(name, func(b *testing.B) {
 			b.ReportAllocs()

@@ -24,6 +24,7 @@ func main() {
 	parallel := flag.Int("parallel", 0, "scenario-seeds run at once (default: GOMAXPROCS)")
 	def := flag.String("default", "", "the decision kvroute's kv_cache_aware runs: thresholds or cost (default: kvroute's own default)")
 	list := flag.Bool("list", false, "list the scenarios and exit")
+	slots := flag.Int("slots", 0, "with -diagnose: run every engine with this many batch slots (max_num_seqs) instead of the scenario's")
 	diagnose := flag.Bool("diagnose", false, "instead of the card: diagnose kvroute's decisions (kv_thresholds, kv_cost) on the chosen scenarios and seeds: per decision path, how often a full engine was chosen while another was free")
 	requests := flag.Int("requests", 0, "cap every scenario's requests (a quick look; the card's figures are for the full counts)")
 	flag.Parse()
@@ -44,6 +45,11 @@ func main() {
 			}
 			if *requests > 0 {
 				sc.Requests = min(sc.Requests, *requests)
+			}
+			if *slots > 0 {
+				for i := range sc.Engines {
+					sc.Engines[i].MaxNumSeqs = *slots
+				}
 			}
 			for seed := 1; seed <= *seeds; seed++ {
 				for _, rule := range []decide.Rule{decide.Thresholds, decide.Cost} {
