@@ -3,7 +3,9 @@ package fleetsim
 import (
 	"math"
 	"testing"
+	"time"
 
+	"github.com/kvroute/caddy-kvroute/examples/llmsim/engine"
 	"github.com/kvroute/caddy-kvroute/kvroute/decide"
 )
 
@@ -56,6 +58,63 @@ func TestKVRouterLearns(t *testing.T) {
 			t.Errorf("engine %d: the tree holds %d chars for it, beyond its bound %d", i, held, bound)
 		}
 		if u.inFlight != 0 || u.queuedTokens != 0 || u.prefillTokens != 0 {
+			t.Errorf("engine %d: after the run, in flight %d, queued %d, prefill %d", i, u.inFlight, u.queuedTokens, u.prefillTokens)
+		}
+	}
+}
+
+// restartWatch records, at the reading that first shows engine 1's new start time, what the
+// kv router's tree held for it before and after taking the reading in.
+type restartWatch struct {
+	*kvRouter
+	started        time.Duration
+	seen           bool
+	before, after  int64
+	restartReading time.Duration
+}
+
+func (w *restartWatch) Reading(now time.Duration, i int, r engine.Reading) {
+	if i != 1 {
+		w.kvRouter.Reading(now, i, r)
+		return
+	}
+	restarted := w.seen && r.Started != w.started
+	w.seen, w.started = true, r.Started
+	if restarted {
+		w.before = w.forest.TenantChars(w.ids[1])
+	}
+	w.kvRouter.Reading(now, i, r)
+	if restarted {
+		w.after, w.restartReading = w.forest.TenantChars(w.ids[1]), now
+	}
+}
+
+// A restart shows in the readings (a new start time): the router drops the engine's share of
+// its tree, as kvroute's engineRestarted does, and the requests it aborted leave no count.
+func TestKVRouterRestart(t *testing.T) {
+	sc := scenario(t, "chat-restart-80")
+	sc.Requests = 400
+	sc.Restart.At = 5 * time.Second
+	b, err := Build(sc, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := &restartWatch{kvRouter: newKVRouter(decide.Thresholds, "kv_test", 1)}
+	res := Run(sc, b, 1, 20, w)
+	if w.restartReading == 0 || w.before == 0 || w.after != 0 {
+		t.Errorf("restart reading at %v: the tree held %d chars for engine 1 before it, %d after", w.restartReading, w.before, w.after)
+	}
+	aborted := 0
+	for _, r := range res.Requests {
+		if r.Aborted {
+			aborted++
+		}
+	}
+	if aborted == 0 {
+		t.Error("the restart aborted nothing")
+	}
+	for i := range w.up {
+		if u := &w.up[i]; u.inFlight != 0 || u.queuedTokens != 0 || u.prefillTokens != 0 {
 			t.Errorf("engine %d: after the run, in flight %d, queued %d, prefill %d", i, u.inFlight, u.queuedTokens, u.prefillTokens)
 		}
 	}
