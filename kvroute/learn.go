@@ -2,7 +2,6 @@ package kvroute
 
 import (
 	"math"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -11,6 +10,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/kvroute/caddy-kvroute/kvroute/cluster"
+	"github.com/kvroute/caddy-kvroute/kvroute/decide"
 	"github.com/kvroute/caddy-kvroute/kvroute/telemetry"
 )
 
@@ -27,14 +27,14 @@ const (
 	// speedWindow is how many interval samples a speed is the median of, and minSpeedSamples
 	// how many it needs before it replaces the prior: one odd interval (a preemption, a
 	// request that straddled two readings) moves a median of nine not at all.
-	speedWindow     = 9
-	minSpeedSamples = 3
+	speedWindow     = decide.SpeedWindow
+	minSpeedSamples = decide.MinSpeedSamples
 	// A speed sample needs this much work behind it: a few tokens over a few microseconds of
 	// rounding say nothing of the engine.
 	minSampleTokens  = 32
 	minSampleSeconds = 1e-3
 	// Speeds outside these bounds are no engine's (tokens per second).
-	minSpeed, maxSpeed = 1.0, 1e7
+	minSpeed, maxSpeed = decide.MinSpeed, decide.MaxSpeed
 
 	// A model's chars per token adds up every interval taken in since the model was first
 	// sent (a tokenizer does not change), not a window of the latest: with several upstreams
@@ -47,16 +47,16 @@ const (
 	// tokens fall on different sides of an interval left out (one that sent two models) stays
 	// in the totals, so they must be many times the largest request's (a 1,000-token one
 	// over 2,000 made the figure 7% low).
-	minCharsTokens    = 20000
-	minCharsIntervals = 4
+	minCharsTokens    = decide.MinCharsTokens
+	minCharsIntervals = decide.MinCharsIntervals
 	// Chars per token outside these bounds are no tokenizer's on routing text.
-	minCharsPerToken, maxCharsPerToken = 1.0, 16.0
+	minCharsPerToken, maxCharsPerToken = decide.MinCharsPerToken, decide.MaxCharsPerToken
 	// limitsChange: a model's chars per token that moved by more than this share from the one
 	// the trees' bounds were computed with recomputes them.
 	limitsChange = 0.02
 	// maxCharsBias bounds the error of a published chars per token that the requests in flight
 	// at the window's edges may cause (learnChars).
-	maxCharsBias = 0.05
+	maxCharsBias = decide.MaxCharsBias
 	// maxLearnedModels bounds the models a chars per token is learned for.
 	maxLearnedModels = 256
 )
@@ -109,8 +109,8 @@ type upstreamLearn struct {
 	sent sentCounts
 
 	mu        sync.Mutex
-	prefill   []float64 // the latest speed samples, at most speedWindow
-	decode    []float64
+	prefill   decide.Speed // the latest speed samples, at most speedWindow
+	decode    decide.Speed
 	lastSent  [3]int64 // sent.requests, chars and matched at the previous interval
 	lastEnded int64    // sent.ended at the previous interval
 	lastRaw   int64    // the engine's load beyond this router's at the previous reading
@@ -118,7 +118,7 @@ type upstreamLearn struct {
 
 	// answers are prefill speed samples from single answers (llm_feedback: learnAnswer), and
 	// answerSpeed their median (float64 bits; 0 until there are minSpeedSamples of them).
-	answers     []float64
+	answers     decide.Speed
 	answerSpeed atomic.Uint64
 
 	// The engine's own request count against this router's (outsideTraffic): started minus
@@ -193,8 +193,7 @@ func (f *atomicFloat) load() float64 { return math.Float64frombits(f.bits.Load()
 // chars, engine prompt tokens), and the figure they make (float64 bits; 0 until learned).
 type modelChars struct {
 	mu    sync.Mutex
-	sum   charsInterval
-	n     int
+	est   decide.CharsPerToken // the totals of the intervals taken in
 	value atomic.Uint64
 	used  atomic.Uint64 // the value the trees' bounds were last computed with
 }
@@ -266,7 +265,9 @@ func (s *state) learnFrom(u *upstreamState, cur *telemetry.Snapshot) {
 	if d != nil && d.Restart {
 		l.restartedAt.Store(time.Now().UnixNano())
 		l.restarts.Add(1)
-		l.prefill, l.decode, l.answers = nil, nil, nil
+		l.prefill.Reset()
+		l.decode.Reset()
+		l.answers.Reset()
 		l.slots.reset()
 		l.answerSpeed.Store(0)
 		s.engineRestarted(cur.Key)
@@ -274,11 +275,11 @@ func (s *state) learnFrom(u *upstreamState, cur *telemetry.Snapshot) {
 	if d != nil && !d.Restart && !first {
 		if d.Known.Has(telemetry.HasComputedTokens|telemetry.HasPrefillTime) &&
 			d.ComputedTokens >= minSampleTokens && d.PrefillSeconds >= minSampleSeconds {
-			l.prefill = pushSample(l.prefill, d.ComputedTokens/d.PrefillSeconds)
+			l.prefill.Observe(d.ComputedTokens / d.PrefillSeconds)
 		}
 		if d.Known.Has(telemetry.HasGenerationTokens|telemetry.HasDecodeTime) &&
 			d.GenerationTokens >= minSampleTokens && d.DecodeSeconds >= minSampleSeconds {
-			l.decode = pushSample(l.decode, d.GenerationTokens/d.DecodeSeconds)
+			l.decode.Observe(d.GenerationTokens / d.DecodeSeconds)
 		}
 		l.slots.observeOutput(d)
 		if d.Known.Has(telemetry.HasPromptTokens) {
@@ -300,10 +301,10 @@ func (s *state) learnFrom(u *upstreamState, cur *telemetry.Snapshot) {
 	l.routed.add(float64(dSent[1]))
 	l.predicted.add(float64(dSent[2]))
 	f.PrefillTokensPerSecond, f.PrefillLearned = prior, false
-	if v, ok := median(l.prefill); ok {
+	if v, ok := l.prefill.Value(); ok {
 		f.PrefillTokensPerSecond, f.PrefillLearned = v, true
 	}
-	if v, ok := median(l.decode); ok {
+	if v, ok := l.decode.Value(); ok {
 		f.DecodeTokensPerSecond, f.DecodeLearned = v, true
 	}
 	at := cur.Reading.At.UnixNano()
@@ -449,22 +450,12 @@ func (s *state) learnChars(model string, d *telemetry.Delta, dSent [3]int64, dEn
 	}
 	mc := v.(*modelChars)
 	mc.mu.Lock()
-	mc.sum.chars += float64(dSent[1])
-	mc.sum.ended += float64(dEnded)
-	mc.sum.tokens += tokens
-	if started >= 0 {
-		mc.sum.sent += float64(dSent[0])
-		mc.sum.started += started
-	}
-	mc.n++
-	sum, n := mc.sum, mc.n
+	c, ok := mc.est.Add(decide.CharsInterval{Chars: float64(dSent[1]), Ended: float64(dEnded), Tokens: tokens,
+		Sent: float64(dSent[0]), Started: started})
 	mc.mu.Unlock()
-	mid := (sum.chars + sum.ended) / 2
-	if sum.tokens < minCharsTokens || n < minCharsIntervals || mid <= 0 || sum.started > sum.sent*1.25+2 ||
-		math.Abs(sum.chars-sum.ended) > 1.8*maxCharsBias*mid {
+	if !ok {
 		return
 	}
-	c := min(maxCharsPerToken, max(minCharsPerToken, mid/sum.tokens))
 	mc.value.Store(math.Float64bits(c))
 	if used := math.Float64frombits(mc.used.Load()); used == 0 || math.Abs(c-used) > limitsChange*used {
 		mc.used.Store(math.Float64bits(c))
@@ -472,13 +463,6 @@ func (s *state) learnChars(model string, d *telemetry.Delta, dSent [3]int64, dEn
 		s.forest.SetLimits(s.limitsLocked(s.options.maxTreeSize))
 		s.mu.Unlock()
 	}
-}
-
-// charsInterval is one interval of a model's chars per token: routing chars and requests this
-// router sent, the chars of those that ended, prompt tokens and requests started (-1: not
-// exported) its engine counted.
-type charsInterval struct {
-	chars, ended, tokens, sent, started float64
 }
 
 // Sharing learned figures in a cluster (cluster.EngineLearned).
@@ -647,37 +631,10 @@ func (s *state) learnAnswer(u *upstreamState, us usage, ttft time.Duration, hasT
 	l := &u.learn
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	l.answers = pushSample(l.answers, v)
-	if m, ok := median(l.answers); ok {
+	l.answers.Observe(v)
+	if m, ok := l.answers.Value(); ok {
 		l.answerSpeed.Store(math.Float64bits(m))
 	}
-}
-
-func pushSample(w []float64, v float64) []float64 {
-	if math.IsNaN(v) || v < minSpeed || v > maxSpeed {
-		return w
-	}
-	return pushWindow(w, v, speedWindow)
-}
-
-func pushWindow(w []float64, v float64, n int) []float64 {
-	if len(w) >= n {
-		w = append(w[:0], w[len(w)-n+1:]...)
-	}
-	return append(w, v)
-}
-
-// median of the samples, once there are minSpeedSamples of them.
-func median(w []float64) (float64, bool) {
-	if len(w) < minSpeedSamples {
-		return 0, false
-	}
-	s := slices.Clone(w)
-	slices.Sort(s)
-	if len(s)%2 == 1 {
-		return s[len(s)/2], true
-	}
-	return (s[len(s)/2-1] + s[len(s)/2]) / 2, true
 }
 
 var metricRestarts = prometheus.NewCounterVec(prometheus.CounterOpts{

@@ -35,9 +35,12 @@ import (
 //   - the session id, when the scenario sends one: bound, kept, skipped or followed as
 //     kvroute's session step does (header sessions, 30 min TTL).
 //
-// The learning from totals and answers (kvroute/learn.go: speeds, chars per token, the
-// external-load evidence) lives in package kvroute, which needs Caddy: it is ported here,
-// constant for constant; decide.Slots is kvroute's own estimator. Left out: upstream blocks
+// The estimators are kvroute's own, those its learn.go feeds: decide.Speed (prefill speed from
+// the totals, decode speed, prefill speed from single answers), decide.CharsPerToken and
+// decide.Slots. What feeds them (an interval's totals read as kvroute reads vLLM's counters,
+// which intervals and answers count, the evidence of traffic from elsewhere: learn.go's
+// learnFrom, learnAnswer and outsideTraffic, telemetry.go's observe) reads Caddy's state in
+// package kvroute: it is ported here, constant for constant. Left out: upstream blocks
 // (profiles, priors, max_concurrency), LoRA adapter state (the simulated engines export no
 // adapter list: every request is priced as naming none), a cluster, health, retries, and
 // llm_feedback's tree shares (kvroute scales a bound by how well it predicted hits; here 1).
@@ -68,18 +71,9 @@ const (
 	kvSessionTTL        = 30 * time.Minute
 	kvTelemetryInterval = time.Second // DefaultTelemetryInterval: the first reading's
 	kvReadingLifetime   = 3           // intervals a reading's external load counts
-	kvSpeedWindow       = 9
-	kvMinSpeedSamples   = 3
 	kvMinSampleTokens   = 32
 	kvMinSampleSeconds  = 1e-3
-	kvMinSpeed          = 1.0
-	kvMaxSpeed          = 1e7
-	kvMinCharsTokens    = 20000
-	kvMinCharsIntervals = 4
-	kvMinCharsPerToken  = 1.0
-	kvMaxCharsPerToken  = 16.0
 	kvLimitsChange      = 0.02
-	kvMaxCharsBias      = 0.05
 	kvOutsideTolerance  = 2
 	kvOutsideMemory     = 30
 	kvTenantSlack       = 1.5
@@ -114,7 +108,7 @@ type kvUpstream struct {
 	capacity int64 // KV capacity in tokens (0: none reported)
 
 	// Learned.
-	prefill, decode, answers     []float64
+	prefill, decode, answers     decide.Speed
 	answerSpeed                  float64
 	learned                      bool // a reading was taken in (learnedFigures set)
 	prefillSpeed, decodeSpeed    float64
@@ -152,9 +146,8 @@ type kvBinding struct {
 
 // kvChars is a model's chars per token (modelChars).
 type kvChars struct {
-	chars, ended, tokens, sent, started float64
-	n                                   int
-	value, used                         float64
+	est         decide.CharsPerToken
+	value, used float64
 }
 
 // kvDelta is one interval's totals, as kvroute's telemetry.Delta reads vLLM's counters.
@@ -397,8 +390,8 @@ func (k *kvRouter) Done(now time.Duration, req *Request, i int, us Usage) {
 	uncached := float64(us.PromptTokens - us.CachedTokens)
 	ttft := (us.FirstToken - t.routed).Seconds()
 	if ttft >= kvMinSampleSeconds && uncached >= kvMinSampleTokens {
-		u.answers = pushSample(u.answers, uncached/ttft)
-		if m, ok := medianOf(u.answers); ok {
+		u.answers.Observe(uncached / ttft)
+		if m, ok := u.answers.Value(); ok {
 			u.answerSpeed = m
 		}
 	}
@@ -493,17 +486,19 @@ func (k *kvRouter) learnFrom(i int, d *kvDelta, r *engine.Reading, at int64) {
 	external := u.outside && (u.raw > 0 || u.lastRaw > 0)
 	u.lastRaw = u.raw
 	if d != nil && d.restart {
-		u.prefill, u.decode, u.answers = nil, nil, nil
+		u.prefill.Reset()
+		u.decode.Reset()
+		u.answers.Reset()
 		u.slots.Reset()
 		u.answerSpeed = 0
 		k.forest.RemoveTenant(k.ids[i])
 	}
 	if d != nil && !d.restart && !first {
 		if d.computed >= kvMinSampleTokens && d.prefillSeconds >= kvMinSampleSeconds {
-			u.prefill = pushSample(u.prefill, d.computed/d.prefillSeconds)
+			u.prefill.Observe(d.computed / d.prefillSeconds)
 		}
 		if d.generated >= kvMinSampleTokens && d.decodeSeconds >= kvMinSampleSeconds {
-			u.decode = pushSample(u.decode, d.generated/d.decodeSeconds)
+			u.decode.Observe(d.generated / d.decodeSeconds)
 		}
 		u.slots.ObserveOutput(d.generated, d.started)
 		if u.modelSet && !mixed && !external {
@@ -511,11 +506,11 @@ func (k *kvRouter) learnFrom(i int, d *kvDelta, r *engine.Reading, at int64) {
 		}
 	}
 	u.prefillSpeed, u.prefillLearned = decide.DefaultPrefillTokensPerSecond, false
-	if v, ok := medianOf(u.prefill); ok {
+	if v, ok := u.prefill.Value(); ok {
 		u.prefillSpeed, u.prefillLearned = v, true
 	}
 	u.decodeSpeed, u.decodeLearnd = 0, false
-	if v, ok := medianOf(u.decode); ok {
+	if v, ok := u.decode.Value(); ok {
 		u.decodeSpeed, u.decodeLearnd = v, true
 	}
 	u.slots.ObserveGauges(int64(r.Running), int64(r.Waiting), at)
@@ -535,18 +530,11 @@ func (k *kvRouter) learnChars(model string, d *kvDelta, dSent [3]int64, dEnded i
 		mc = &kvChars{}
 		k.chars[model] = mc
 	}
-	mc.chars += float64(dSent[1])
-	mc.ended += float64(dEnded)
-	mc.tokens += tokens
-	mc.sent += float64(dSent[0])
-	mc.started += d.started
-	mc.n++
-	mid := (mc.chars + mc.ended) / 2
-	if mc.tokens < kvMinCharsTokens || mc.n < kvMinCharsIntervals || mid <= 0 || mc.started > mc.sent*1.25+2 ||
-		math.Abs(mc.chars-mc.ended) > 1.8*kvMaxCharsBias*mid {
+	c, ok := mc.est.Add(decide.CharsInterval{Chars: float64(dSent[1]), Ended: float64(dEnded), Tokens: tokens,
+		Sent: float64(dSent[0]), Started: d.started})
+	if !ok {
 		return
 	}
-	c := min(kvMaxCharsPerToken, max(kvMinCharsPerToken, mid/mc.tokens))
 	mc.value = c
 	if mc.used == 0 || math.Abs(c-mc.used) > kvLimitsChange*mc.used {
 		mc.used = c
@@ -567,30 +555,6 @@ func (k *kvRouter) setLimits() {
 		}
 	}
 	k.forest.SetLimits(l)
-}
-
-func pushSample(w []float64, v float64) []float64 {
-	if math.IsNaN(v) || v < kvMinSpeed || v > kvMaxSpeed {
-		return w
-	}
-	if len(w) >= kvSpeedWindow {
-		w = append(w[:0], w[len(w)-kvSpeedWindow+1:]...)
-	}
-	return append(w, v)
-}
-
-// medianOf is the median of the samples, once there are kvMinSpeedSamples of them.
-func medianOf(w []float64) (float64, bool) {
-	if len(w) < kvMinSpeedSamples {
-		return 0, false
-	}
-	var buf [kvSpeedWindow]float64
-	s := append(buf[:0], w...)
-	slices.Sort(s)
-	if len(s)%2 == 1 {
-		return s[len(s)/2], true
-	}
-	return (s[len(s)/2-1] + s[len(s)/2]) / 2, true
 }
 
 // KVPolicies are kvroute's decisions as policies: kv_cache_aware (def, kvroute's default
