@@ -115,8 +115,9 @@ func (r *kvDiagRouter) Route(now time.Duration, req *Request) int {
 	return i
 }
 
-// DiagnoseKV runs scenario sc's seed with kvroute's decision rule and diagnoses it.
-func DiagnoseKV(sc *Scenario, seed uint64, rule decide.Rule) (*KVDiagnosis, *Figures, error) {
+// DiagnoseKV runs scenario sc's seed with kvroute's decision rule and diagnoses it; tune, when
+// set, changes the decision's options first (an experiment: kvroute's defaults otherwise).
+func DiagnoseKV(sc *Scenario, seed uint64, rule decide.Rule, tune func(*decide.Options)) (*KVDiagnosis, *Figures, error) {
 	capacity, slo, err := Calibrate(sc)
 	if err != nil {
 		return nil, nil, err
@@ -126,6 +127,9 @@ func DiagnoseKV(sc *Scenario, seed uint64, rule decide.Rule) (*KVDiagnosis, *Fig
 		return nil, nil, err
 	}
 	r := &kvDiagRouter{kvRouter: newKVRouter(rule, "kv_"+RuleName(rule), seed), sc: sc, d: &KVDiagnosis{}}
+	if tune != nil {
+		tune(&r.opts)
+	}
 	res := Run(sc, b, seed, sc.Load*capacity, r)
 	return r.d, Measure(res, slo), nil
 }
