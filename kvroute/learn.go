@@ -124,10 +124,7 @@ type upstreamLearn struct {
 	// The engine's own request count against this router's (outsideTraffic): started minus
 	// sent since the baseline, the highest excess that was evidence, whether the engine counts
 	// the requests it starts at all, and when the latest evidence was seen (unix nanoseconds).
-	outsideExcess, outsideHigh float64
-	outsideSent                int64
-	countsStarts               bool
-	outsideAt                  int64
+	outside decide.Outside
 	// abandonedAt is when a request sent there last ended without an answer (unix
 	// nanoseconds; the request path's): its engine may still run it.
 	abandonedAt atomic.Int64
@@ -331,11 +328,11 @@ const (
 	// outsideTolerance is how many more requests than this router sent the engine may count
 	// as started before that is evidence of traffic from elsewhere: a request the router took
 	// back (a retry after the engine had started it) must not be enough.
-	outsideTolerance = 2
+	outsideTolerance = decide.OutsideTolerance
 	// outsideMemory is how many intervals evidence keeps the external term on: traffic from
 	// elsewhere starts requests every interval or so, and the gauges still show the ones that
 	// run long after their start.
-	outsideMemory = 30
+	outsideMemory = decide.OutsideMemory
 )
 
 // outsideTraffic reports whether the engine may lately hold requests this router does not
@@ -362,43 +359,21 @@ func (s *state) outsideTraffic(u *upstreamState, cur *telemetry.Snapshot, interv
 	l := &u.learn
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	sent := l.sent.requests.Load()
 	d := cur.Delta
-	started, ok := 0.0, false
+	started, kind := 0.0, decide.StartsBaseline
 	if d != nil && !d.Restart {
+		kind = decide.StartsUncounted
 		switch {
 		case d.Known.Has(telemetry.HasTTFT) && d.TTFT != nil:
-			started, ok = d.TTFT.Count, true
+			started, kind = d.TTFT.Count, decide.StartsCounted
 		case d.Known.Has(telemetry.HasPrefillTime):
-			started, ok = d.PrefillRequests, true
+			started, kind = d.PrefillRequests, decide.StartsCounted
 		}
 	}
-	now := cur.Reading.At.UnixNano()
-	memory := int64(outsideMemory) * int64(interval)
-	recent := l.outsideAt != 0 && now-l.outsideAt < memory
 	// A request this router gave up on (its client left, its upstream failed) may still run
 	// there, uncounted here: an engine that does not notice a closed connection (llm-d's
 	// simulator) runs even its queued ones. Its gauges then show real work.
-	if at := l.abandonedAt.Load(); at != 0 && now-at < memory {
-		recent = true
-	}
-	if !ok {
-		// A first reading, a restart, or an engine that does not count the requests it
-		// starts: a new baseline, at which the requests in flight may start later.
-		l.outsideExcess, l.outsideHigh, l.outsideSent = -float64(u.own()), 0, sent
-		if d != nil && !d.Restart {
-			l.countsStarts = false
-		}
-		return !l.countsStarts || recent
-	}
-	l.countsStarts = true
-	l.outsideExcess += started - float64(sent-l.outsideSent)
-	l.outsideSent = sent
-	if l.outsideExcess > l.outsideHigh+outsideTolerance {
-		l.outsideHigh = l.outsideExcess
-		l.outsideAt, recent = now, true
-	}
-	return recent
+	return l.outside.Observe(cur.Reading.At.UnixNano(), int64(interval), l.sent.requests.Load(), u.own(), started, kind, l.abandonedAt.Load())
 }
 
 // learnChars adds an interval's routing chars and engine prompt tokens to model's chars per

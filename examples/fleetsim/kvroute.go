@@ -37,10 +37,10 @@ import (
 //
 // The estimators are kvroute's own, those its learn.go feeds: decide.Speed (prefill speed from
 // the totals, decode speed, prefill speed from single answers), decide.CharsPerToken and
-// decide.Slots. What feeds them (an interval's totals read as kvroute reads vLLM's counters,
-// which intervals and answers count, the evidence of traffic from elsewhere: learn.go's
-// learnFrom, learnAnswer and outsideTraffic, telemetry.go's observe) reads Caddy's state in
-// package kvroute: it is ported here, constant for constant. Left out: upstream blocks
+// decide.Slots, and decide.Outside for the evidence of traffic from elsewhere. What feeds them
+// (an interval's totals read as kvroute reads vLLM's counters, which intervals and answers
+// count, the external load: learn.go's learnFrom and learnAnswer, telemetry.go's observe)
+// reads Caddy's state in package kvroute: it is ported here, constant for constant. Left out: upstream blocks
 // (profiles, priors, max_concurrency), LoRA adapter state (the simulated engines export no
 // adapter list: every request is priced as naming none), a cluster, health, retries, and
 // llm_feedback's tree shares (kvroute scales a bound by how well it predicted hits; here 1).
@@ -74,8 +74,6 @@ const (
 	kvMinSampleTokens   = 32
 	kvMinSampleSeconds  = 1e-3
 	kvLimitsChange      = 0.02
-	kvOutsideTolerance  = 2
-	kvOutsideMemory     = 30
 	kvTenantSlack       = 1.5
 )
 
@@ -116,10 +114,7 @@ type kvUpstream struct {
 	slots                        decide.Slots
 	slotCount                    int64
 	meanOutput                   float64
-	outsideExcess, outsideHigh   float64
-	outsideSent                  int64
-	countsStarts                 bool
-	outsideAt                    int64
+	evidence                     decide.Outside
 	abandonedAt                  int64
 }
 
@@ -450,26 +445,13 @@ func deltaOf(p, c *engine.Reading) *kvDelta {
 }
 
 // outsideTraffic is kvroute's: whether the engine may lately hold requests this router does
-// not count, from its started-request count against the requests sent.
+// not count, from its started-request count against the requests sent (decide.Outside).
 func (k *kvRouter) outsideTraffic(u *kvUpstream, d *kvDelta, now int64, interval time.Duration) bool {
-	sent := u.sent[0]
-	memory := int64(kvOutsideMemory) * int64(interval)
-	recent := u.outsideAt != 0 && now-u.outsideAt < memory
-	if u.abandonedAt != 0 && now-u.abandonedAt < memory {
-		recent = true
+	started, kind := 0.0, decide.StartsBaseline
+	if d != nil && !d.restart {
+		started, kind = d.started, decide.StartsCounted
 	}
-	if d == nil || d.restart {
-		u.outsideExcess, u.outsideHigh, u.outsideSent = -float64(u.inFlight), 0, sent
-		return !u.countsStarts || recent
-	}
-	u.countsStarts = true
-	u.outsideExcess += d.started - float64(sent-u.outsideSent)
-	u.outsideSent = sent
-	if u.outsideExcess > u.outsideHigh+kvOutsideTolerance {
-		u.outsideHigh = u.outsideExcess
-		u.outsideAt, recent = now, true
-	}
-	return recent
+	return u.evidence.Observe(now, int64(interval), u.sent[0], u.inFlight, started, kind, u.abandonedAt)
 }
 
 // learnFrom takes in one interval (kvroute's learnFrom).

@@ -20,8 +20,8 @@
 // What the decision learns is estimated here too, fed with observations by the caller
 // (kvroute's telemetry and llm_feedback; a simulator in virtual time): Speed (a median of the
 // latest samples: prefill speed from the engine's totals and from single answers, decode
-// speed), CharsPerToken (a model's, from the totals of the intervals) and Slots (batch slots
-// and mean output). DefaultOptions are kvroute's defaults, DefaultRule its default decision.
+// speed), CharsPerToken (a model's, from the totals of the intervals), Slots (batch slots and
+// mean output) and Outside (whether an engine runs traffic its router does not count). DefaultOptions are kvroute's defaults, DefaultRule its default decision.
 //
 // Step 1 (which upstreams are candidates) is the caller's, but for the leaving out of
 // upstreams held down, saturated (max_concurrency) or tried by an earlier attempt: Filter.

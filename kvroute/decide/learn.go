@@ -111,3 +111,67 @@ func (c *CharsPerToken) Add(iv CharsInterval) (value float64, ok bool) {
 	}
 	return min(MaxCharsPerToken, max(MinCharsPerToken, mid/s.Tokens)), true
 }
+
+// Constants of Outside.
+const (
+	// OutsideTolerance is how many more requests than were sent the engine may count as
+	// started before that is evidence of traffic from elsewhere: a request the router took
+	// back (a retry after the engine had started it) must not be enough.
+	OutsideTolerance = 2
+	// OutsideMemory is how many reading intervals evidence (or an abandoned request) keeps
+	// the external load on.
+	OutsideMemory = 30
+)
+
+// StartsKind says what an interval tells of the requests an engine started.
+type StartsKind uint8
+
+const (
+	// StartsCounted: the interval's started requests are known (a TTFT or prefill-time count).
+	StartsCounted StartsKind = iota
+	// StartsBaseline: no interval (a first reading, a restart): a new baseline.
+	StartsBaseline
+	// StartsUncounted: an interval from an engine that does not count the requests it starts.
+	StartsUncounted
+)
+
+// Outside tells whether an engine may lately hold requests its router does not count as its
+// own in flight (traffic from elsewhere, or requests the router gave up on that the engine
+// still runs), from the requests the engine started against those the router sent: of the
+// router's requests it starts at most those sent, so started − sent, summed from a baseline
+// at which the requests in flight count as not started, stays at or below 0; evidence is that
+// sum rising more than OutsideTolerance above its highest earlier evidence. An engine that
+// does not count its starts is taken as it is (true). The zero value is ready.
+type Outside struct {
+	excess, high float64
+	sent         int64
+	countsStarts bool
+	at           int64 // the latest evidence (unix nanoseconds; 0: none)
+}
+
+// Observe takes in one reading at now (unix nanoseconds; interval its reading interval): the
+// router's total of requests sent to the engine, its requests in flight there, the requests the
+// engine started in the interval (kind StartsCounted), and when a request sent there last ended
+// without an answer (0: never). It reports whether the external load counts.
+func (o *Outside) Observe(now, interval, sent, inFlight int64, started float64, kind StartsKind, abandonedAt int64) bool {
+	memory := int64(OutsideMemory) * interval
+	recent := o.at != 0 && now-o.at < memory
+	if abandonedAt != 0 && now-abandonedAt < memory {
+		recent = true
+	}
+	if kind != StartsCounted {
+		o.excess, o.high, o.sent = -float64(inFlight), 0, sent
+		if kind == StartsUncounted {
+			o.countsStarts = false
+		}
+		return !o.countsStarts || recent
+	}
+	o.countsStarts = true
+	o.excess += started - float64(sent-o.sent)
+	o.sent = sent
+	if o.excess > o.high+OutsideTolerance {
+		o.high = o.excess
+		o.at, recent = now, true
+	}
+	return recent
+}

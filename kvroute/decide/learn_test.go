@@ -77,3 +77,43 @@ func TestCharsPerToken(t *testing.T) {
 		t.Errorf("without a start count: %v %v, want 5", v, ok)
 	}
 }
+
+// Outside: an engine that starts more requests than its router sent (beyond the tolerance)
+// shows traffic from elsewhere for OutsideMemory intervals; one that starts no more never does;
+// one that does not count its starts is taken as it is.
+func TestOutside(t *testing.T) {
+	const s = int64(1e9)
+	var o Outside
+	if !o.Observe(1*s, s, 0, 0, 0, StartsBaseline, 0) {
+		t.Error("a first reading of an engine not known to count its starts: want the gauges taken as they are")
+	}
+	// Ten sent, ten started per interval: no evidence.
+	sent := int64(0)
+	for i := int64(2); i < 10; i++ {
+		sent += 10
+		if o.Observe(i*s, s, sent, 4, 10, StartsCounted, 0) {
+			t.Fatalf("interval %d: evidence with as many started as sent", i)
+		}
+	}
+	// Side traffic: 5 more started than sent.
+	sent += 10
+	if !o.Observe(10*s, s, sent, 4, 15, StartsCounted, 0) {
+		t.Fatal("5 more started than sent: no evidence")
+	}
+	sent += 10
+	if !o.Observe(10*s+int64(OutsideMemory-1)*s, s, sent, 4, 10, StartsCounted, 0) {
+		t.Error("evidence forgotten before OutsideMemory intervals")
+	}
+	sent += 10
+	if o.Observe(10*s+int64(OutsideMemory)*s, s, sent, 4, 10, StartsCounted, 0) {
+		t.Error("evidence kept past OutsideMemory intervals")
+	}
+	// A request given up on lately counts as evidence.
+	if !o.Observe(50*s, s, sent, 4, 0, StartsCounted, 45*s) {
+		t.Error("a request abandoned 5 intervals ago: no evidence")
+	}
+	var blind Outside
+	if !blind.Observe(1*s, s, 0, 0, 0, StartsUncounted, 0) {
+		t.Error("an engine that does not count its starts: want the gauges taken as they are")
+	}
+}
