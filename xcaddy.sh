@@ -6,6 +6,9 @@
 #                       LLM fleet, replay a workload once per policy and print the comparison
 #                       (-replicas 3: behind 3 replicas and a front; installs nats-server)
 #   ./xcaddy.sh test    run the test suite (unit, caddytest integration, and the built binary)
+#   ./xcaddy.sh sim -out DIR [-scenarios REGEXP] [-seeds N]   the fleet simulator's scorecard in
+#                       virtual time: every scenario, seed and policy; prints a table and writes
+#                       DIR/scorecard.json (docs/simulator.md)
 #   ./xcaddy.sh fuzz [DURATION]   fuzz every target for DURATION each (default 1m)
 #   ./xcaddy.sh bench [REGEX]     Go benchmarks, -count 10, summarised by benchstat
 #
@@ -149,6 +152,9 @@ test)
 	fi
 	echo "xcaddy.sh test: PASS, all ${#passed[@]} modules: ${passed[*]}"
 	;;
+sim)
+	go run ./examples/cmd/fleetsim "$@"
+	;;
 fuzz)
 	examples/soak/fuzz.sh "$@"
 	;;
@@ -159,7 +165,7 @@ bench)
 	benchstat "$out"
 	;;
 *)
-	sed -n "2,11p" "$0" | sed 's/^# \{0,1\}//'
+	sed -n "2,14p" "$0" | sed 's/^# \{0,1\}//'
 	exit 2
 	;;
 esac

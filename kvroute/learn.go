@@ -11,6 +11,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/kvroute/caddy-kvroute/kvroute/cluster"
+	"github.com/kvroute/caddy-kvroute/kvroute/decide"
 	"github.com/kvroute/caddy-kvroute/kvroute/telemetry"
 )
 
@@ -27,14 +28,14 @@ const (
 	// speedWindow is how many interval samples a speed is the median of, and minSpeedSamples
 	// how many it needs before it replaces the prior: one odd interval (a preemption, a
 	// request that straddled two readings) moves a median of nine not at all.
-	speedWindow     = 9
-	minSpeedSamples = 3
+	speedWindow     = decide.SpeedWindow
+	minSpeedSamples = decide.MinSpeedSamples
 	// A speed sample needs this much work behind it: a few tokens over a few microseconds of
 	// rounding say nothing of the engine.
 	minSampleTokens  = 32
 	minSampleSeconds = 1e-3
 	// Speeds outside these bounds are no engine's (tokens per second).
-	minSpeed, maxSpeed = 1.0, 1e7
+	minSpeed, maxSpeed = decide.MinSpeed, decide.MaxSpeed
 
 	// A model's chars per token adds up every interval taken in since the model was first
 	// sent (a tokenizer does not change), not a window of the latest: with several upstreams
@@ -47,16 +48,16 @@ const (
 	// tokens fall on different sides of an interval left out (one that sent two models) stays
 	// in the totals, so they must be many times the largest request's (a 1,000-token one
 	// over 2,000 made the figure 7% low).
-	minCharsTokens    = 20000
-	minCharsIntervals = 4
+	minCharsTokens    = decide.MinCharsTokens
+	minCharsIntervals = decide.MinCharsIntervals
 	// Chars per token outside these bounds are no tokenizer's on routing text.
-	minCharsPerToken, maxCharsPerToken = 1.0, 16.0
+	minCharsPerToken, maxCharsPerToken = decide.MinCharsPerToken, decide.MaxCharsPerToken
 	// limitsChange: a model's chars per token that moved by more than this share from the one
 	// the trees' bounds were computed with recomputes them.
 	limitsChange = 0.02
 	// maxCharsBias bounds the error of a published chars per token that the requests in flight
 	// at the window's edges may cause (learnChars).
-	maxCharsBias = 0.05
+	maxCharsBias = decide.MaxCharsBias
 	// maxLearnedModels bounds the models a chars per token is learned for (only listed ones:
 	// learnChars).
 	maxLearnedModels = 256
@@ -121,8 +122,8 @@ type upstreamLearn struct {
 	sent sentCounts
 
 	mu        sync.Mutex
-	prefill   []float64 // the latest speed samples, at most speedWindow
-	decode    []float64
+	prefill   decide.Speed // the latest speed samples, at most speedWindow
+	decode    decide.Speed
 	lastSent  [3]int64 // sent.requests, chars and matched at the previous interval
 	lastEnded int64    // sent.ended at the previous interval
 	lastRaw   int64    // the engine's load beyond this router's at the previous reading
@@ -132,16 +133,13 @@ type upstreamLearn struct {
 
 	// answers are prefill speed samples from single answers (llm_feedback: learnAnswer), and
 	// answerSpeed their median (float64 bits; 0 until there are minSpeedSamples of them).
-	answers     []float64
+	answers     decide.Speed
 	answerSpeed atomic.Uint64
 
 	// The engine's own request count against this router's (outsideTraffic): started minus
 	// sent since the baseline, the highest excess that was evidence, whether the engine counts
 	// the requests it starts at all, and when the latest evidence was seen (unix nanoseconds).
-	outsideExcess, outsideHigh float64
-	outsideSent                int64
-	countsStarts               bool
-	outsideAt                  int64
+	outside decide.Outside
 	// abandonedAt is when a request sent there last ended without an answer (unix
 	// nanoseconds; the request path's): its engine may still run it.
 	abandonedAt atomic.Int64
@@ -207,8 +205,7 @@ func (f *atomicFloat) load() float64 { return math.Float64frombits(f.bits.Load()
 // chars, engine prompt tokens), and the figure they make (float64 bits; 0 until learned).
 type modelChars struct {
 	mu    sync.Mutex
-	sum   charsInterval
-	n     int
+	est   decide.CharsPerToken // the totals of the intervals taken in
 	value atomic.Uint64
 	used  atomic.Uint64 // the value the trees' bounds were last computed with
 	// touched is when an interval was last taken in (unix nanoseconds): the entry that learned
@@ -290,7 +287,9 @@ func (s *state) learnFrom(u *upstreamState, cur *telemetry.Snapshot) {
 	if d != nil && d.Restart {
 		l.restartedAt.Store(time.Now().UnixNano())
 		l.restarts.Add(1)
-		l.prefill, l.decode, l.answers = nil, nil, nil
+		l.prefill.Reset()
+		l.decode.Reset()
+		l.answers.Reset()
 		l.slots.reset()
 		l.answerSpeed.Store(0)
 		s.engineRestarted(cur.Key)
@@ -298,11 +297,11 @@ func (s *state) learnFrom(u *upstreamState, cur *telemetry.Snapshot) {
 	if d != nil && !d.Restart && !first {
 		if d.Known.Has(telemetry.HasComputedTokens|telemetry.HasPrefillTime) &&
 			d.ComputedTokens >= minSampleTokens && d.PrefillSeconds >= minSampleSeconds {
-			l.prefill = pushSample(l.prefill, d.ComputedTokens/d.PrefillSeconds)
+			l.prefill.Observe(d.ComputedTokens / d.PrefillSeconds)
 		}
 		if d.Known.Has(telemetry.HasGenerationTokens|telemetry.HasDecodeTime) &&
 			d.GenerationTokens >= minSampleTokens && d.DecodeSeconds >= minSampleSeconds {
-			l.decode = pushSample(l.decode, d.GenerationTokens/d.DecodeSeconds)
+			l.decode.Observe(d.GenerationTokens / d.DecodeSeconds)
 		}
 		l.slots.observeOutput(d)
 		if d.Known.Has(telemetry.HasPromptTokens) {
@@ -324,10 +323,10 @@ func (s *state) learnFrom(u *upstreamState, cur *telemetry.Snapshot) {
 	l.routed.add(float64(dSent[1]))
 	l.predicted.add(float64(dSent[2]))
 	f.PrefillTokensPerSecond, f.PrefillLearned = prior, false
-	if v, ok := median(l.prefill); ok {
+	if v, ok := l.prefill.Value(); ok {
 		f.PrefillTokensPerSecond, f.PrefillLearned = v, true
 	}
-	if v, ok := median(l.decode); ok {
+	if v, ok := l.decode.Value(); ok {
 		f.DecodeTokensPerSecond, f.DecodeLearned = v, true
 	}
 	at := cur.Reading.At.UnixNano()
@@ -354,11 +353,11 @@ const (
 	// outsideTolerance is how many more requests than this router sent the engine may count
 	// as started before that is evidence of traffic from elsewhere: a request the router took
 	// back (a retry after the engine had started it) must not be enough.
-	outsideTolerance = 2
+	outsideTolerance = decide.OutsideTolerance
 	// outsideMemory is how many intervals evidence keeps the external term on: traffic from
 	// elsewhere starts requests every interval or so, and the gauges still show the ones that
 	// run long after their start.
-	outsideMemory = 30
+	outsideMemory = decide.OutsideMemory
 )
 
 // outsideTraffic reports whether the engine may lately hold requests this router does not
@@ -385,43 +384,21 @@ func (s *state) outsideTraffic(u *upstreamState, cur *telemetry.Snapshot, interv
 	l := &u.learn
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	sent := l.sent.requests.Load()
 	d := cur.Delta
-	started, ok := 0.0, false
+	started, kind := 0.0, decide.StartsBaseline
 	if d != nil && !d.Restart {
+		kind = decide.StartsUncounted
 		switch {
 		case d.Known.Has(telemetry.HasTTFT) && d.TTFT != nil:
-			started, ok = d.TTFT.Count, true
+			started, kind = d.TTFT.Count, decide.StartsCounted
 		case d.Known.Has(telemetry.HasPrefillTime):
-			started, ok = d.PrefillRequests, true
+			started, kind = d.PrefillRequests, decide.StartsCounted
 		}
 	}
-	now := cur.Reading.At.UnixNano()
-	memory := int64(outsideMemory) * int64(interval)
-	recent := l.outsideAt != 0 && now-l.outsideAt < memory
 	// A request this router gave up on (its client left, its upstream failed) may still run
 	// there, uncounted here: an engine that does not notice a closed connection (llm-d's
 	// simulator) runs even its queued ones. Its gauges then show real work.
-	if at := l.abandonedAt.Load(); at != 0 && now-at < memory {
-		recent = true
-	}
-	if !ok {
-		// A first reading, a restart, or an engine that does not count the requests it
-		// starts: a new baseline, at which the requests in flight may start later.
-		l.outsideExcess, l.outsideHigh, l.outsideSent = -float64(u.own()), 0, sent
-		if d != nil && !d.Restart {
-			l.countsStarts = false
-		}
-		return !l.countsStarts || recent
-	}
-	l.countsStarts = true
-	l.outsideExcess += started - float64(sent-l.outsideSent)
-	l.outsideSent = sent
-	if l.outsideExcess > l.outsideHigh+outsideTolerance {
-		l.outsideHigh = l.outsideExcess
-		l.outsideAt, recent = now, true
-	}
-	return recent
+	return l.outside.Observe(cur.Reading.At.UnixNano(), int64(interval), l.sent.requests.Load(), u.own(), started, kind, l.abandonedAt.Load())
 }
 
 // learnChars adds an interval's routing chars and engine prompt tokens to model's chars per
@@ -484,22 +461,12 @@ func (s *state) learnChars(addr, model string, d *telemetry.Delta, dSent [3]int6
 	mc := v.(*modelChars)
 	mc.touched.Store(time.Now().UnixNano())
 	mc.mu.Lock()
-	mc.sum.chars += float64(dSent[1])
-	mc.sum.ended += float64(dEnded)
-	mc.sum.tokens += tokens
-	if started >= 0 {
-		mc.sum.sent += float64(dSent[0])
-		mc.sum.started += started
-	}
-	mc.n++
-	sum, n := mc.sum, mc.n
+	c, ok := mc.est.Add(decide.CharsInterval{Chars: float64(dSent[1]), Ended: float64(dEnded), Tokens: tokens,
+		Sent: float64(dSent[0]), Started: started})
 	mc.mu.Unlock()
-	mid := (sum.chars + sum.ended) / 2
-	if sum.tokens < minCharsTokens || n < minCharsIntervals || mid <= 0 || sum.started > sum.sent*1.25+2 ||
-		math.Abs(sum.chars-sum.ended) > 1.8*maxCharsBias*mid {
+	if !ok {
 		return
 	}
-	c := min(maxCharsPerToken, max(minCharsPerToken, mid/sum.tokens))
 	mc.value.Store(math.Float64bits(c))
 	if used := math.Float64frombits(mc.used.Load()); used == 0 || math.Abs(c-used) > limitsChange*used {
 		mc.used.Store(math.Float64bits(c))
@@ -537,13 +504,6 @@ func (s *state) evictUnlearned() bool {
 	}
 	s.nLearnedChars.Add(-1)
 	return true
-}
-
-// charsInterval is one interval of a model's chars per token: routing chars and requests this
-// router sent, the chars of those that ended, prompt tokens and requests started (-1: not
-// exported) its engine counted.
-type charsInterval struct {
-	chars, ended, tokens, sent, started float64
 }
 
 // Sharing learned figures in a cluster (cluster.EngineLearned).
@@ -715,37 +675,10 @@ func (s *state) learnAnswer(u *upstreamState, us usage, ttft time.Duration, hasT
 	l := &u.learn
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	l.answers = pushSample(l.answers, v)
-	if m, ok := median(l.answers); ok {
+	l.answers.Observe(v)
+	if m, ok := l.answers.Value(); ok {
 		l.answerSpeed.Store(math.Float64bits(m))
 	}
-}
-
-func pushSample(w []float64, v float64) []float64 {
-	if math.IsNaN(v) || v < minSpeed || v > maxSpeed {
-		return w
-	}
-	return pushWindow(w, v, speedWindow)
-}
-
-func pushWindow(w []float64, v float64, n int) []float64 {
-	if len(w) >= n {
-		w = append(w[:0], w[len(w)-n+1:]...)
-	}
-	return append(w, v)
-}
-
-// median of the samples, once there are minSpeedSamples of them.
-func median(w []float64) (float64, bool) {
-	if len(w) < minSpeedSamples {
-		return 0, false
-	}
-	s := slices.Clone(w)
-	slices.Sort(s)
-	if len(s)%2 == 1 {
-		return s[len(s)/2], true
-	}
-	return (s[len(s)/2-1] + s[len(s)/2]) / 2, true
 }
 
 var metricRestarts = prometheus.NewCounterVec(prometheus.CounterOpts{

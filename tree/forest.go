@@ -83,6 +83,11 @@ func NewForest(l Limits) *Forest {
 	return f
 }
 
+// Inline makes the eviction passes that inserts start run at once, in the inserting
+// goroutine, instead of in the background: a caller that needs the same trees on every run
+// (the fleet simulator, in virtual time) calls it before the forest's first use.
+func (f *Forest) Inline() { f.inline = true }
+
 func (f *Forest) storeLimits(l Limits) { f.storeLimitsKeeping(l, false) }
 
 // storeLimitsKeeping is storeLimits; with keepCap, a lowered MaxChars keeps the replaced cap

@@ -5,29 +5,22 @@ import (
 	"math"
 	weakrand "math/rand/v2"
 	"net/http"
-	"slices"
 	"strconv"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
 	"github.com/cespare/xxhash/v2"
+
+	"github.com/kvroute/caddy-kvroute/examples/peerrules"
 )
 
 func init() {
 	caddy.RegisterModule(new(PrefixHash))
 }
 
-// Defaults of SGLang's prefix_hash policy (sgl-model-gateway src/policies/prefix_hash.rs,
-// PrefixHashConfig, and the --prefix-token-count / --prefix-hash-load-factor flags of
-// src/main.rs): the first 256 tokens, load factor 1.25. 256 tokens are about 1000 chars at the
-// project's chars/4 estimate.
-const (
-	phPrefixChars = 1000
-	phLoadFactor  = 1.25
-)
-
-// PrefixHash routes by a stateless hash of the prompt's first chars, for benchmarks only: the
+// PrefixHash routes by a stateless hash of the prompt's first chars (peerrules.Rendezvous and
+// peerrules.BoundedLoad, with xxhash), for benchmarks only: the
 // available upstreams are ranked by rendezvous (highest random weight) hashing of the first
 // prefix_chars chars of the routing text, and the request goes to the first of them whose
 // in-flight count (as this policy counts them) is at most load_factor × (mean in-flight over
@@ -63,10 +56,10 @@ func (p *PrefixHash) Provision(caddy.Context) error { return p.setup() }
 
 func (p *PrefixHash) setup() error {
 	if p.PrefixChars == 0 {
-		p.PrefixChars = phPrefixChars
+		p.PrefixChars = peerrules.DefaultPrefixChars
 	}
 	if p.LoadFactor == 0 {
-		p.LoadFactor = phLoadFactor
+		p.LoadFactor = peerrules.DefaultLoadFactor
 	}
 	if p.PrefixChars < 0 {
 		return fmt.Errorf("prefix_chars: %d is negative", p.PrefixChars)
@@ -97,68 +90,20 @@ func (p *PrefixHash) Select(pool reverseproxy.UpstreamPool, r *http.Request, _ h
 		return p.load.acquire(r, req, avail[weakrand.IntN(len(avail))])
 	}
 
-	key := xxhash.Sum64String(prefixChars(req.Text, p.PrefixChars))
+	key := xxhash.Sum64String(peerrules.PrefixChars(req.Text, p.PrefixChars))
 	order := rendezvous(avail, key)
-	loads := p.load.loads(order)
-	total := 0
-	for _, l := range loads {
-		total += l
-	}
-	limit := p.LoadFactor * (float64(total)/float64(len(order)) + 1)
-	for i, u := range order {
-		if float64(loads[i]) <= limit {
-			return p.load.acquire(r, req, u)
-		}
-	}
-	return p.load.acquire(r, req, order[0])
+	return p.load.acquire(r, req, order[peerrules.BoundedLoad(p.load.loads(order), p.LoadFactor)])
 }
 
-// rendezvous returns the upstreams by decreasing weight for key: each upstream's weight is a
-// hash of key and its dial address, so every key has its own stable order of upstreams.
+// rendezvous returns the upstreams in key's rendezvous order (peerrules.Rendezvous, with
+// xxhash).
 func rendezvous(upstreams []*reverseproxy.Upstream, key uint64) []*reverseproxy.Upstream {
-	type ranked struct {
-		u *reverseproxy.Upstream
-		w uint64
-	}
-	rs := make([]ranked, len(upstreams))
-	for i, u := range upstreams {
-		rs[i] = ranked{u, mix64(key ^ xxhash.Sum64String(u.Dial))}
-	}
-	slices.SortStableFunc(rs, func(a, b ranked) int {
-		switch {
-		case a.w > b.w:
-			return -1
-		case a.w < b.w:
-			return 1
-		}
-		return 0
-	})
-	out := make([]*reverseproxy.Upstream, len(rs))
-	for i, r := range rs {
-		out[i] = r.u
+	idx := peerrules.Rendezvous(dials(upstreams), key, xxhash.Sum64String)
+	out := make([]*reverseproxy.Upstream, len(idx))
+	for i, j := range idx {
+		out[i] = upstreams[j]
 	}
 	return out
-}
-
-// mix64 is the SplitMix64 finalizer: it spreads a combined key over all 64 bits.
-func mix64(x uint64) uint64 {
-	x ^= x >> 30
-	x *= 0xbf58476d1ce4e5b9
-	x ^= x >> 27
-	x *= 0x94d049bb133111eb
-	x ^= x >> 31
-	return x
-}
-
-// prefixChars returns the first n chars of s.
-func prefixChars(s string, n int) string {
-	for i := range s {
-		if n == 0 {
-			return s[:i]
-		}
-		n--
-	}
-	return s
 }
 
 // UnmarshalCaddyfile sets up the policy from Caddyfile tokens. Syntax:

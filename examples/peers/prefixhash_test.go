@@ -9,6 +9,8 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
 	"github.com/cespare/xxhash/v2"
+
+	"github.com/kvroute/caddy-kvroute/examples/peerrules"
 )
 
 func newPrefixHash(t *testing.T, configure func(p *PrefixHash)) *PrefixHash {
@@ -133,7 +135,7 @@ func TestPrefixChars(t *testing.T) {
 		{"hello", 3, "hel"}, {"hello", 5, "hello"}, {"hello", 9, "hello"},
 		{"héllo", 2, "hé"}, {"你好嗎", 1, "你"}, {"", 4, ""},
 	} {
-		if got := prefixChars(tc.s, tc.n); got != tc.want {
+		if got := peerrules.PrefixChars(tc.s, tc.n); got != tc.want {
 			t.Errorf("prefixChars(%q, %d) = %q, want %q", tc.s, tc.n, got, tc.want)
 		}
 	}

@@ -10,6 +10,8 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
+
+	"github.com/kvroute/caddy-kvroute/examples/peerrules"
 )
 
 func newSGLang(t *testing.T, configure func(p *SGLangCacheAware)) *SGLangCacheAware {
@@ -88,7 +90,7 @@ func TestSGLangShortestQueueOnImbalance(t *testing.T) {
 	if got := hold(t, p, pool, body); got != "b:1" {
 		t.Fatalf("imbalanced request went to %s, want b:1 (shortest queue, first on ties)", got)
 	}
-	if n := p.tree("m", pool).sizes()["b:1"]; n == 0 {
+	if n := p.tree("m", pool).Sizes()["b:1"]; n == 0 {
 		t.Error("the text was not recorded under the upstream chosen on imbalance")
 	}
 	// Loads 3, 1, 0: 3-0 > 2 still.
@@ -135,7 +137,7 @@ func TestSGLangStaleTenant(t *testing.T) {
 	if got := route(t, p, p.load, pool, body); got != "b:1" {
 		t.Errorf("with a down, went to %s, want b:1 (first available)", got)
 	}
-	if _, ok := p.tree("m", pool).sizes()["a:1"]; ok {
+	if _, ok := p.tree("m", pool).Sizes()["a:1"]; ok {
 		t.Error("the unavailable tenant is still in the tree")
 	}
 }
@@ -154,11 +156,11 @@ func TestSGLangPerModelTrees(t *testing.T) {
 		t.Errorf("same model's request went to %s, want a:1", got)
 	}
 	// Models beyond the bound share the unknown-model tree.
-	for i := range sglMaxTrees + 5 {
+	for i := range peerrules.MaxTrees + 5 {
 		p.tree(strings.Repeat("x", i+1), pool)
 	}
-	if n := len(p.trees); n > sglMaxTrees+1 {
-		t.Errorf("%d trees, want at most %d", n, sglMaxTrees+1)
+	if n := p.rules.Trees(); n > peerrules.MaxTrees+1 {
+		t.Errorf("%d trees, want at most %d", n, peerrules.MaxTrees+1)
 	}
 }
 
@@ -175,12 +177,12 @@ func TestSGLangEvictionLoop(t *testing.T) {
 	pool := testPool(1)
 	tree := p.tree("m", pool)
 	for i := range 50 {
-		tree.insert(strings.Repeat(string(rune('a'+i%26)), 20)+string(rune('A'+i)), "a:1")
+		tree.Insert(strings.Repeat(string(rune('a'+i%26)), 20)+string(rune('A'+i)), "a:1")
 	}
 	deadline := time.Now().Add(10 * time.Second)
-	for tree.sizes()["a:1"] > 100 {
+	for tree.Sizes()["a:1"] > 100 {
 		if time.Now().After(deadline) {
-			t.Fatalf("not evicted: %d chars", tree.sizes()["a:1"])
+			t.Fatalf("not evicted: %d chars", tree.Sizes()["a:1"])
 		}
 		time.Sleep(5 * time.Millisecond)
 	}

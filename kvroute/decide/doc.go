@@ -17,6 +17,12 @@
 // caller owns the candidate slice and may reuse it. Ties are broken at random
 // (energy.Ranking), from Options.Rand: a seeded source makes a run repeat exactly.
 //
+// What the decision learns is estimated here too, fed with observations by the caller
+// (kvroute's telemetry and llm_feedback; a simulator in virtual time): Speed (a median of the
+// latest samples: prefill speed from the engine's totals and from single answers, decode
+// speed), CharsPerToken (a model's, from the totals of the intervals), Slots (batch slots and
+// mean output) and Outside (whether an engine runs traffic its router does not count). DefaultOptions are kvroute's defaults, DefaultRule its default decision.
+//
 // Step 1 (which upstreams are candidates) is the caller's, but for the leaving out of
 // upstreams held down, saturated (max_concurrency) or tried by an earlier attempt: Filter.
 package decide

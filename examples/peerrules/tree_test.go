@@ -1,4 +1,4 @@
-package peers
+package peerrules
 
 import (
 	"fmt"
@@ -9,11 +9,11 @@ import (
 )
 
 func TestSGLTreePrefixMatch(t *testing.T) {
-	tree := newSGLTree()
-	tree.insert("hello world", "t1")
-	tree.insert("help", "t2")
-	tree.insert("你好嗎", "t1")
-	tree.insert("你好喔", "t2")
+	tree := NewTree()
+	tree.Insert("hello world", "t1")
+	tree.Insert("help", "t2")
+	tree.Insert("你好嗎", "t1")
+	tree.Insert("你好喔", "t2")
 
 	for _, tc := range []struct {
 		text    string
@@ -29,24 +29,24 @@ func TestSGLTreePrefixMatch(t *testing.T) {
 		{"zzz", 0, "t1"}, // the root: every tenant, the first inserted first
 		{"", 0, "t1"},
 	} {
-		m := tree.prefixMatch(tc.text)
-		if m.matched != tc.matched || m.tenant != tc.tenant || m.input != len([]rune(tc.text)) {
+		m := tree.PrefixMatch(tc.text)
+		if m.Matched != tc.matched || m.Tenant != tc.tenant || m.Input != len([]rune(tc.text)) {
 			t.Errorf("prefixMatch(%q) = %+v, want matched %d of %d, tenant %s",
 				tc.text, m, tc.matched, len([]rune(tc.text)), tc.tenant)
 		}
 	}
-	if m := newSGLTree().prefixMatch("cold"); m.tenant != emptyTenant || m.matched != 0 {
+	if m := NewTree().PrefixMatch("cold"); m.Tenant != EmptyTenant || m.Matched != 0 {
 		t.Errorf("cold tree: %+v", m)
 	}
 }
 
 // computedSizes counts, per tenant, the chars of every node it holds.
-func computedSizes(tree *sglTree) map[string]int {
+func computedSizes(tree *Tree) map[string]int {
 	tree.mu.Lock()
 	defer tree.mu.Unlock()
 	out := make(map[string]int)
-	var walk func(n *sglNode)
-	walk = func(n *sglNode) {
+	var walk func(n *treeNode)
+	walk = func(n *treeNode) {
 		for _, s := range n.tenants {
 			out[s.tenant] += n.chars
 		}
@@ -59,19 +59,19 @@ func computedSizes(tree *sglTree) map[string]int {
 }
 
 func TestSGLTreeCharCount(t *testing.T) {
-	tree := newSGLTree()
+	tree := NewTree()
 	for _, w := range []struct{ text, tenant string }{
 		{"apple", "t1"}, {"apricot", "t1"}, {"banana", "t1"}, {"amplify", "t2"},
 		{"application", "t2"}, {"apartment", "t1"}, {"appetite", "t2"}, {"ball", "t1"},
 		{"box", "t2"}, {"zebra", "t1"}, {"zebra", "t2"}, {"zero", "t1"}, {"zero", "t2"},
 	} {
-		tree.insert(w.text, w.tenant)
-		if got, want := tree.sizes(), computedSizes(tree); !maps.Equal(got, want) {
+		tree.Insert(w.text, w.tenant)
+		if got, want := tree.Sizes(), computedSizes(tree); !maps.Equal(got, want) {
 			t.Fatalf("after %v: maintained %v, computed %v", w, got, want)
 		}
 	}
-	tree.evictTenantBySize(10)
-	got, want := tree.sizes(), computedSizes(tree)
+	tree.EvictTenantBySize(10)
+	got, want := tree.Sizes(), computedSizes(tree)
 	if !maps.Equal(got, want) {
 		t.Fatalf("after eviction: maintained %v, computed %v", got, want)
 	}
@@ -85,17 +85,17 @@ func TestSGLTreeCharCount(t *testing.T) {
 // Eviction bounds every tenant on its own, least recently used leaves first, and leaves a node
 // shared with another tenant in place for that tenant.
 func TestSGLTreeEvictPerTenant(t *testing.T) {
-	tree := newSGLTree()
-	tree.insert("aaaa", "t1")
-	tree.insert("bbbb", "t1")
-	tree.insert("cccc", "t1")
-	tree.insert("dddddddd", "t2")
-	tree.insert("cccc", "t2")
+	tree := NewTree()
+	tree.Insert("aaaa", "t1")
+	tree.Insert("bbbb", "t1")
+	tree.Insert("cccc", "t1")
+	tree.Insert("dddddddd", "t2")
+	tree.Insert("cccc", "t2")
 
-	tree.evictTenantBySize(8)
+	tree.EvictTenantBySize(8)
 
 	// t1 held 12 chars and loses aaaa; t2 held 12 and loses dddddddd, its older leaf.
-	if got, want := tree.sizes(), map[string]int{"t1": 8, "t2": 4}; !maps.Equal(got, want) {
+	if got, want := tree.Sizes(), map[string]int{"t1": 8, "t2": 4}; !maps.Equal(got, want) {
 		t.Fatalf("sizes = %v, want %v", got, want)
 	}
 	for _, tc := range []struct {
@@ -108,8 +108,8 @@ func TestSGLTreeEvictPerTenant(t *testing.T) {
 		{"cccc", 4, "t1"},   // kept for both
 		{"dddddddd", 0, ""}, // t2's oldest leaf is gone
 	} {
-		m := tree.prefixMatch(tc.text)
-		if m.matched != tc.matched || (tc.tenant != "" && m.tenant != tc.tenant) {
+		m := tree.PrefixMatch(tc.text)
+		if m.Matched != tc.matched || (tc.tenant != "" && m.Tenant != tc.tenant) {
 			t.Errorf("after eviction, prefixMatch(%q) = %+v, want %d chars of %s", tc.text, m, tc.matched, tc.tenant)
 		}
 	}
@@ -121,13 +121,13 @@ func TestSGLTreeEvictPerTenant(t *testing.T) {
 	}
 
 	// The cap is per tenant: two tenants at the cap hold twice the cap together.
-	tree = newSGLTree()
+	tree = NewTree()
 	for i := range 30 {
-		tree.insert(fmt.Sprintf("t1-%02d", i), "t1")
-		tree.insert(fmt.Sprintf("t2-%02d", i), "t2")
+		tree.Insert(fmt.Sprintf("t1-%02d", i), "t1")
+		tree.Insert(fmt.Sprintf("t2-%02d", i), "t2")
 	}
-	tree.evictTenantBySize(20)
-	sizes := tree.sizes()
+	tree.EvictTenantBySize(20)
+	sizes := tree.Sizes()
 	if sizes["t1"] > 20 || sizes["t2"] > 20 || sizes["t1"]+sizes["t2"] <= 20 {
 		t.Errorf("sizes after per-tenant eviction to 20: %v", sizes)
 	}
@@ -135,46 +135,62 @@ func TestSGLTreeEvictPerTenant(t *testing.T) {
 		t.Errorf("maintained %v, computed %v", sizes, computedSizes(tree))
 	}
 	// The newest entries survive.
-	if m := tree.prefixMatch("t1-29"); m.matched != 5 || m.tenant != "t1" {
+	if m := tree.PrefixMatch("t1-29"); m.Matched != 5 || m.Tenant != "t1" {
 		t.Errorf("newest entry evicted: %+v", m)
 	}
 }
 
 func TestSGLTreeRemoveTenant(t *testing.T) {
-	tree := newSGLTree()
-	tree.insert("shared prefix one", "t1")
-	tree.insert("shared prefix two", "t2")
-	tree.insert("only t1", "t1")
-	tree.removeTenant("t1")
-	if got, want := tree.sizes(), map[string]int{"t2": 17}; !maps.Equal(got, want) {
+	tree := NewTree()
+	tree.Insert("shared prefix one", "t1")
+	tree.Insert("shared prefix two", "t2")
+	tree.Insert("only t1", "t1")
+	tree.RemoveTenant("t1")
+	if got, want := tree.Sizes(), map[string]int{"t2": 17}; !maps.Equal(got, want) {
 		t.Errorf("sizes = %v, want %v", got, want)
 	}
-	if m := tree.prefixMatch("shared prefix one"); m.tenant != "t2" || m.matched != 14 {
+	if m := tree.PrefixMatch("shared prefix one"); m.Tenant != "t2" || m.Matched != 14 {
 		t.Errorf("after removing t1: %+v", m)
 	}
-	if m := tree.prefixMatch("only t1"); m.matched != 0 {
+	if m := tree.PrefixMatch("only t1"); m.Matched != 0 {
 		t.Errorf("t1's own branch kept: %+v", m)
 	}
 }
 
 func TestSGLTreeConcurrent(t *testing.T) {
-	tree := newSGLTree()
+	tree := NewTree()
 	var wg sync.WaitGroup
 	for g := range 4 {
 		wg.Go(func() {
 			rng := rand.New(rand.NewPCG(uint64(g), 1))
 			for i := range 500 {
 				text := fmt.Sprintf("system prompt %d / user %d", rng.IntN(8), rng.IntN(50))
-				tree.insert(text, fmt.Sprintf("t%d", g))
-				tree.prefixMatch(text)
+				tree.Insert(text, fmt.Sprintf("t%d", g))
+				tree.PrefixMatch(text)
 				if i%100 == 0 {
-					tree.evictTenantBySize(200)
+					tree.EvictTenantBySize(200)
 				}
 			}
 		})
 	}
 	wg.Wait()
-	if got, want := tree.sizes(), computedSizes(tree); !maps.Equal(got, want) {
+	if got, want := tree.Sizes(), computedSizes(tree); !maps.Equal(got, want) {
 		t.Errorf("maintained %v, computed %v", got, want)
+	}
+}
+
+func TestShared(t *testing.T) {
+	for _, tc := range []struct {
+		a, b         string
+		runes, bytes int
+	}{
+		{"", "", 0, 0}, {"abc", "", 0, 0}, {"abc", "abd", 2, 2}, {"abc", "abc", 3, 3},
+		{"abcdefghijklmnopqrstuvwxyz", "abcdefghijklmnopqrstuvwxyZ", 25, 25},
+		{"你好嗎", "你好喔", 2, 6}, {"你好", "你好嗎", 2, 6}, {"é", "è", 0, 0}, {"aé", "aè", 1, 1},
+	} {
+		r, b := shared(tc.a, tc.b)
+		if r != tc.runes || b != tc.bytes {
+			t.Errorf("shared(%q, %q) = %d, %d; want %d, %d", tc.a, tc.b, r, b, tc.runes, tc.bytes)
+		}
 	}
 }

@@ -1,4 +1,4 @@
-package peers
+package peerrules
 
 import (
 	"container/heap"
@@ -6,59 +6,61 @@ import (
 	"unicode/utf8"
 )
 
-// sglTree is a re-implementation of SGLang's approximate radix tree (sgl-model-gateway
+// Tree is a re-implementation of SGLang's approximate radix tree (sgl-model-gateway
 // src/policies/tree.rs): a char-level radix tree shared by several tenants (upstreams), each
 // node recording, per tenant, when that tenant last touched it. It follows tree.rs in what it
 // stores and evicts, not in how fast it does it: one mutex guards the whole tree.
 //
 // Behaviours kept from tree.rs on purpose, since they shape how the policy routes:
-//   - insert gives a tenant joining an existing inner node the timestamp 0 and stamps only the
+//   - Insert gives a tenant joining an existing inner node the timestamp 0 and stamps only the
 //     node where the text ends, so inner nodes age first once they become a tenant's leaf;
-//   - prefixMatch refreshes the matched node's timestamp for the returned tenant only on every
+//   - PrefixMatch refreshes the matched node's timestamp for the returned tenant only on every
 //     eighth call (tree.rs samples the global epoch counter the same way);
 //   - the size is counted per tenant (each node's chars once per tenant holding it) and
-//     evictTenantBySize bounds every tenant separately, so a tree may hold N × max chars.
-type sglTree struct {
+//     EvictTenantBySize bounds every tenant separately, so a tree may hold N × max chars.
+type Tree struct {
 	mu        sync.Mutex
-	root      *sglNode
+	root      *treeNode
 	epoch     uint64         // LRU clock: tree.rs uses a counter, not wall time
+	nodes     uint64         // nodes made, to number them
 	charCount map[string]int // chars held per tenant
 }
 
-type sglNode struct {
+type treeNode struct {
+	id       uint64 // creation order: breaks eviction ties the same way on every run
 	text     string // "" only at the root
 	chars    int    // runes in text
-	parent   *sglNode
-	children map[rune]*sglNode
+	parent   *treeNode
+	children map[rune]*treeNode
 	// tenants in the order they joined the node. tree.rs keeps them in a DashMap and returns
 	// the node's cached last_tenant, set by the tenant that created the node and otherwise the
 	// first the map iterates; taking the earliest tenant still present is the deterministic
 	// version of that.
-	tenants []sglStamp
+	tenants []tenantStamp
 }
 
-type sglStamp struct {
+type tenantStamp struct {
 	tenant string
 	last   uint64
 }
 
-// emptyTenant is what tree.rs returns when the matched node has no tenant.
-const emptyTenant = "empty"
+// EmptyTenant is what tree.rs returns when the matched node has no tenant.
+const EmptyTenant = "empty"
 
-func newSGLTree() *sglTree {
-	return &sglTree{
-		root:      &sglNode{children: make(map[rune]*sglNode)},
+func NewTree() *Tree {
+	return &Tree{
+		root:      &treeNode{children: make(map[rune]*treeNode)},
 		charCount: make(map[string]int),
 	}
 }
 
-func (t *sglTree) tick() uint64 {
+func (t *Tree) tick() uint64 {
 	e := t.epoch
 	t.epoch++
 	return e
 }
 
-func (n *sglNode) stamp(tenant string) *sglStamp {
+func (n *treeNode) stamp(tenant string) *tenantStamp {
 	for i := range n.tenants {
 		if n.tenants[i].tenant == tenant {
 			return &n.tenants[i]
@@ -67,9 +69,9 @@ func (n *sglNode) stamp(tenant string) *sglStamp {
 	return nil
 }
 
-func (n *sglNode) has(tenant string) bool { return n.stamp(tenant) != nil }
+func (n *treeNode) has(tenant string) bool { return n.stamp(tenant) != nil }
 
-func (n *sglNode) drop(tenant string) {
+func (n *treeNode) drop(tenant string) {
 	for i := range n.tenants {
 		if n.tenants[i].tenant == tenant {
 			n.tenants = append(n.tenants[:i], n.tenants[i+1:]...)
@@ -79,7 +81,7 @@ func (n *sglNode) drop(tenant string) {
 }
 
 // leafFor reports whether tenant holds n but none of n's children.
-func (n *sglNode) leafFor(tenant string) bool {
+func (n *treeNode) leafFor(tenant string) bool {
 	if !n.has(tenant) {
 		return false
 	}
@@ -92,17 +94,22 @@ func (n *sglNode) leafFor(tenant string) bool {
 }
 
 // shared returns how many leading runes a and b have in common, and their length in bytes.
+// The common bytes are found by halving with string comparisons (memequal, many bytes at a
+// time), then cut back to the start of the rune they end in.
 func shared(a, b string) (runes, bytes int) {
-	for bytes < len(a) && bytes < len(b) {
-		ra, na := utf8.DecodeRuneInString(a[bytes:])
-		rb, nb := utf8.DecodeRuneInString(b[bytes:])
-		if ra != rb || na != nb || a[bytes:bytes+na] != b[bytes:bytes+nb] {
-			break
+	lo, hi := 0, min(len(a), len(b)) // a[:lo] == b[:lo]; the common prefix is at most hi
+	for lo < hi {
+		mid := lo + (hi-lo+1)/2
+		if a[lo:mid] == b[lo:mid] {
+			lo = mid
+		} else {
+			hi = mid - 1
 		}
-		runes++
-		bytes += na
 	}
-	return runes, bytes
+	for lo > 0 && ((lo < len(a) && !utf8.RuneStart(a[lo])) || (lo < len(b) && !utf8.RuneStart(b[lo]))) {
+		lo--
+	}
+	return utf8.RuneCountInString(a[:lo]), lo
 }
 
 func firstRune(s string) rune {
@@ -110,14 +117,14 @@ func firstRune(s string) rune {
 	return r
 }
 
-// insert records that tenant holds text.
-func (t *sglTree) insert(text, tenant string) {
+// Insert records that tenant holds text.
+func (t *Tree) Insert(text, tenant string) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 
 	// The root holds every tenant ever inserted, with timestamp 0: it is never evicted.
 	if !t.root.has(tenant) {
-		t.root.tenants = append(t.root.tenants, sglStamp{tenant: tenant})
+		t.root.tenants = append(t.root.tenants, tenantStamp{tenant: tenant})
 	}
 	if _, ok := t.charCount[tenant]; !ok {
 		t.charCount[tenant] = 0
@@ -128,12 +135,14 @@ func (t *sglTree) insert(text, tenant string) {
 		c := firstRune(rest)
 		child := prev.children[c]
 		if child == nil {
-			leaf := &sglNode{
+			t.nodes++
+			leaf := &treeNode{
+				id:       t.nodes,
 				text:     rest,
 				chars:    utf8.RuneCountInString(rest),
 				parent:   prev,
-				children: make(map[rune]*sglNode),
-				tenants:  []sglStamp{{tenant: tenant, last: t.tick()}},
+				children: make(map[rune]*treeNode),
+				tenants:  []tenantStamp{{tenant: tenant, last: t.tick()}},
 			}
 			prev.children[c] = leaf
 			t.charCount[tenant] += leaf.chars
@@ -142,12 +151,14 @@ func (t *sglTree) insert(text, tenant string) {
 		n, nb := shared(rest, child.text)
 		if n < child.chars {
 			// Split child at n: the new node takes the shared head and child's tenants.
-			head := &sglNode{
+			t.nodes++
+			head := &treeNode{
+				id:       t.nodes,
 				text:     child.text[:nb],
 				chars:    n,
 				parent:   prev,
-				children: make(map[rune]*sglNode),
-				tenants:  append([]sglStamp(nil), child.tenants...),
+				children: make(map[rune]*treeNode),
+				tenants:  append([]tenantStamp(nil), child.tenants...),
 			}
 			child.text = child.text[nb:]
 			child.chars -= n
@@ -157,7 +168,7 @@ func (t *sglTree) insert(text, tenant string) {
 			child = head
 		}
 		if !child.has(tenant) {
-			child.tenants = append(child.tenants, sglStamp{tenant: tenant})
+			child.tenants = append(child.tenants, tenantStamp{tenant: tenant})
 			t.charCount[tenant] += child.chars
 		}
 		prev = child
@@ -166,16 +177,16 @@ func (t *sglTree) insert(text, tenant string) {
 	prev.stamp(tenant).last = t.tick()
 }
 
-// sglMatch is the result of prefixMatch, as tree.rs's PrefixMatchResult.
-type sglMatch struct {
-	tenant  string // one tenant of the deepest matched node (see sglNode.tenants)
-	matched int    // chars of text matched
-	input   int    // chars of text
+// Match is the result of PrefixMatch, as tree.rs's PrefixMatchResult.
+type Match struct {
+	Tenant  string // one tenant of the deepest matched node (see treeNode.tenants)
+	Matched int    // chars of text matched
+	Input   int    // chars of text
 }
 
-// prefixMatch walks text down the tree as far as it matches. A match that ends inside a node
+// PrefixMatch walks text down the tree as far as it matches. A match that ends inside a node
 // still counts the chars matched there and takes its tenant from that node.
-func (t *sglTree) prefixMatch(text string) sglMatch {
+func (t *Tree) PrefixMatch(text string) Match {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 
@@ -195,7 +206,7 @@ func (t *sglTree) prefixMatch(text string) sglMatch {
 		rest = rest[nb:]
 	}
 
-	tenant := emptyTenant
+	tenant := EmptyTenant
 	if len(curr.tenants) > 0 {
 		tenant = curr.tenants[0].tenant
 	}
@@ -204,17 +215,17 @@ func (t *sglTree) prefixMatch(text string) sglMatch {
 			s.last = e
 		}
 	}
-	return sglMatch{tenant: tenant, matched: matched, input: utf8.RuneCountInString(text)}
+	return Match{Tenant: tenant, Matched: matched, Input: utf8.RuneCountInString(text)}
 }
 
-// evictTenantBySize removes, for every tenant holding more than max chars, its least recently
+// EvictTenantBySize removes, for every tenant holding more than max chars, its least recently
 // used leaves until it holds max chars or fewer.
-func (t *sglTree) evictTenantBySize(max int) {
+func (t *Tree) EvictTenantBySize(max int) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 
-	var pq sglHeap
-	stack := []*sglNode{t.root}
+	var pq evictionHeap
+	stack := []*treeNode{t.root}
 	for len(stack) > 0 {
 		n := stack[len(stack)-1]
 		stack = stack[:len(stack)-1]
@@ -223,14 +234,14 @@ func (t *sglTree) evictTenantBySize(max int) {
 		}
 		for _, s := range n.tenants {
 			if n.leafFor(s.tenant) {
-				pq = append(pq, sglEviction{last: s.last, tenant: s.tenant, node: n})
+				pq = append(pq, eviction{last: s.last, tenant: s.tenant, node: n})
 			}
 		}
 	}
 	heap.Init(&pq)
 
 	for pq.Len() > 0 {
-		e := heap.Pop(&pq).(sglEviction)
+		e := heap.Pop(&pq).(eviction)
 		if used, ok := t.charCount[e.tenant]; ok && used <= max {
 			continue
 		}
@@ -244,17 +255,17 @@ func (t *sglTree) evictTenantBySize(max int) {
 			delete(n.parent.children, firstRune(n.text))
 		}
 		if p := n.parent; p != nil && p.leafFor(e.tenant) {
-			heap.Push(&pq, sglEviction{last: p.stamp(e.tenant).last, tenant: e.tenant, node: p})
+			heap.Push(&pq, eviction{last: p.stamp(e.tenant).last, tenant: e.tenant, node: p})
 		}
 	}
 }
 
-// removeTenant forgets tenant everywhere (SGLang does it when a worker is gone).
-func (t *sglTree) removeTenant(tenant string) {
+// RemoveTenant forgets tenant everywhere (SGLang does it when a worker is gone).
+func (t *Tree) RemoveTenant(tenant string) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	var walk func(n *sglNode)
-	walk = func(n *sglNode) {
+	var walk func(n *treeNode)
+	walk = func(n *treeNode) {
 		for _, c := range n.children {
 			walk(c)
 		}
@@ -267,8 +278,8 @@ func (t *sglTree) removeTenant(tenant string) {
 	delete(t.charCount, tenant)
 }
 
-// sizes returns the chars held per tenant, as maintained.
-func (t *sglTree) sizes() map[string]int {
+// Sizes returns the chars held per tenant, as maintained.
+func (t *Tree) Sizes() map[string]int {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	out := make(map[string]int, len(t.charCount))
@@ -285,21 +296,31 @@ func max0(v int) int {
 	return v
 }
 
-// sglEviction is an entry of the eviction queue: a tenant's leaf and when the tenant last
-// touched it. Entries with the same timestamp pop in no particular order, as in tree.rs.
-type sglEviction struct {
+// eviction is an entry of the eviction queue: a tenant's leaf and when the tenant last
+// touched it. Entries with the same timestamp pop in no particular order in tree.rs; here by
+// tenant, then by the node's age, so that a simulation gives the same result on every run.
+type eviction struct {
 	last   uint64
 	tenant string
-	node   *sglNode
+	node   *treeNode
 }
 
-type sglHeap []sglEviction
+type evictionHeap []eviction
 
-func (h sglHeap) Len() int           { return len(h) }
-func (h sglHeap) Less(i, j int) bool { return h[i].last < h[j].last }
-func (h sglHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
-func (h *sglHeap) Push(x any)        { *h = append(*h, x.(sglEviction)) }
-func (h *sglHeap) Pop() any {
+func (h evictionHeap) Len() int { return len(h) }
+func (h evictionHeap) Less(i, j int) bool {
+	a, b := h[i], h[j]
+	if a.last != b.last {
+		return a.last < b.last
+	}
+	if a.tenant != b.tenant {
+		return a.tenant < b.tenant
+	}
+	return a.node.id < b.node.id
+}
+func (h evictionHeap) Swap(i, j int) { h[i], h[j] = h[j], h[i] }
+func (h *evictionHeap) Push(x any)   { *h = append(*h, x.(eviction)) }
+func (h *evictionHeap) Pop() any {
 	old := *h
 	x := old[len(old)-1]
 	*h = old[:len(old)-1]

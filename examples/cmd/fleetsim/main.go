@@ -1,0 +1,150 @@
+// Command fleetsim runs the fleet simulator's scorecard (package examples/fleetsim): every
+// scenario, seed and routing policy in virtual time. It prints one table and writes
+// DIR/scorecard.json. ./xcaddy.sh sim runs it.
+//
+//	fleetsim -out DIR [-scenarios REGEXP] [-seeds N] [-parallel N] [-requests N] [-list]
+package main
+
+import (
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/kvroute/caddy-kvroute/energy"
+	"github.com/kvroute/caddy-kvroute/examples/fleetsim"
+	"github.com/kvroute/caddy-kvroute/kvroute/decide"
+)
+
+func main() {
+	out := flag.String("out", "", "directory to write scorecard.json into (required)")
+	scen := flag.String("scenarios", "", "run only the scenarios whose name matches this regular expression")
+	seeds := flag.Int("seeds", 3, "seeds per scenario (1..N)")
+	parallel := flag.Int("parallel", 0, "scenario-seeds run at once (default: GOMAXPROCS)")
+	def := flag.String("default", "", "the decision kvroute's kv_cache_aware runs: thresholds or cost (default: kvroute's own default)")
+	list := flag.Bool("list", false, "list the scenarios and exit")
+	slots := flag.Int("slots", 0, "with -diagnose: run every engine with this many batch slots (max_num_seqs) instead of the scenario's")
+	tune := flag.String("options", "", "with -diagnose: change the decision's options, comma-separated: cache_threshold=X, balance_abs=N, balance_rel=X, on_imbalance=least_busy|prefix_in_band, fallback=joule|least_busy|round_robin|random")
+	diagnose := flag.Bool("diagnose", false, "instead of the card: diagnose kvroute's decisions (kv_thresholds, kv_cost) on the chosen scenarios and seeds: per decision path, how often a full engine was chosen while another was free")
+	requests := flag.Int("requests", 0, "cap every scenario's requests (a quick look; the card's figures are for the full counts)")
+	flag.Parse()
+	if *list {
+		for _, sc := range fleetsim.Scenarios() {
+			fmt.Println(sc.Name)
+		}
+		return
+	}
+	if *diagnose {
+		tuner, err := parseTune(*tune)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "fleetsim: -options: %v\n", err)
+			os.Exit(2)
+		}
+		var re *regexp.Regexp
+		if *scen != "" {
+			re = regexp.MustCompile(*scen)
+		}
+		for _, sc := range fleetsim.Scenarios() {
+			if re != nil && !re.MatchString(sc.Name) {
+				continue
+			}
+			if *requests > 0 {
+				sc.Requests = min(sc.Requests, *requests)
+			}
+			if *slots > 0 {
+				for i := range sc.Engines {
+					sc.Engines[i].MaxNumSeqs = *slots
+				}
+			}
+			for seed := 1; seed <= *seeds; seed++ {
+				for _, rule := range []decide.Rule{decide.Thresholds, decide.Cost} {
+					d, f, err := fleetsim.DiagnoseKV(sc, uint64(seed), rule, tuner)
+					if err != nil {
+						fmt.Fprintf(os.Stderr, "fleetsim: %v\n", err)
+						os.Exit(1)
+					}
+					d.Write(os.Stdout, fmt.Sprintf("%s seed %d kv_%s (hit %v, ttft p50 %v ms, p99 %v ms, goodput %v)", sc.Name, seed, fleetsim.RuleName(rule), f.HitRatio, f.TTFTP50, f.TTFTP99, f.Goodput))
+				}
+			}
+		}
+		return
+	}
+	if *out == "" {
+		fmt.Fprintln(os.Stderr, "fleetsim: -out DIR is required")
+		flag.Usage()
+		os.Exit(2)
+	}
+	opts := fleetsim.Options{Seeds: *seeds, Parallel: *parallel, Default: *def, Log: os.Stderr, MaxRequests: *requests}
+	if *scen != "" {
+		re, err := regexp.Compile(*scen)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "fleetsim: -scenarios: %v\n", err)
+			os.Exit(2)
+		}
+		opts.Scenarios = re
+	}
+	start := time.Now()
+	card, err := fleetsim.RunCard(opts)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "fleetsim: %v\n", err)
+		os.Exit(1)
+	}
+	js, err := card.JSON()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "fleetsim: %v\n", err)
+		os.Exit(1)
+	}
+	if err := os.MkdirAll(*out, 0o755); err != nil {
+		fmt.Fprintf(os.Stderr, "fleetsim: %v\n", err)
+		os.Exit(1)
+	}
+	path := filepath.Join(*out, "scorecard.json")
+	if err := os.WriteFile(path, js, 0o644); err != nil {
+		fmt.Fprintf(os.Stderr, "fleetsim: %v\n", err)
+		os.Exit(1)
+	}
+	card.Table(os.Stdout)
+	fmt.Fprintf(os.Stderr, "wrote %s in %.1fs\n", path, time.Since(start).Seconds())
+}
+
+// parseTune reads -options into a change of the decision's options.
+func parseTune(spec string) (func(*decide.Options), error) {
+	if spec == "" {
+		return nil, nil
+	}
+	var sets []func(*decide.Options)
+	for _, kv := range strings.Split(spec, ",") {
+		k, v, ok := strings.Cut(strings.TrimSpace(kv), "=")
+		if !ok {
+			return nil, fmt.Errorf("%q: want key=value", kv)
+		}
+		num, numErr := strconv.ParseFloat(v, 64)
+		switch {
+		case k == "cache_threshold" && numErr == nil:
+			sets = append(sets, func(o *decide.Options) { o.CacheThreshold = num })
+		case k == "balance_abs" && numErr == nil:
+			sets = append(sets, func(o *decide.Options) { o.BalanceAbs = int64(num) })
+		case k == "balance_rel" && numErr == nil:
+			sets = append(sets, func(o *decide.Options) { o.BalanceRel = num })
+		case k == "on_imbalance" && (v == "least_busy" || v == "prefix_in_band"):
+			sets = append(sets, func(o *decide.Options) { o.LeastBusyOnImbalance = v == "least_busy" })
+		case k == "fallback":
+			st, err := energy.ParseStrategy(v)
+			if err != nil {
+				return nil, err
+			}
+			sets = append(sets, func(o *decide.Options) { o.Placer = energy.NewPlacer(st) })
+		default:
+			return nil, fmt.Errorf("%q: unknown option or bad value", kv)
+		}
+	}
+	return func(o *decide.Options) {
+		for _, set := range sets {
+			set(o)
+		}
+	}, nil
+}

@@ -1,0 +1,321 @@
+package fleetsim
+
+import (
+	"bytes"
+	"regexp"
+	"testing"
+	"time"
+
+	"github.com/kvroute/caddy-kvroute/examples/llmsim/engine"
+)
+
+func scenario(t testing.TB, name string) *Scenario {
+	t.Helper()
+	for _, sc := range Scenarios() {
+		if sc.Name == name {
+			return sc
+		}
+	}
+	t.Fatalf("no scenario %s", name)
+	return nil
+}
+
+func policy(t testing.TB, name string) Policy {
+	t.Helper()
+	for _, p := range Policies {
+		if p.Name == name {
+			return p
+		}
+	}
+	t.Fatalf("no policy %s", name)
+	return Policy{}
+}
+
+// The same card twice is the same JSON, byte for byte, whatever the parallelism.
+func TestCardDeterministic(t *testing.T) {
+	opts := Options{Scenarios: regexp.MustCompile(`^(chat-80|chat-restart-80|chat-lora-80)$`), Seeds: 1, MaxRequests: 400, Default: "thresholds"}
+	var out [2][]byte
+	for i := range out {
+		opts.Parallel = 1 + i
+		card, err := RunCard(opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if out[i], err = card.JSON(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if !bytes.Equal(out[0], out[1]) {
+		t.Errorf("two runs differ:\n%s\n---\n%s", out[0], out[1])
+	}
+	if !bytes.Contains(out[0], []byte(`"default": "thresholds"`)) || !bytes.Contains(out[0], []byte(`"queue_wait_p99_ms"`)) {
+		t.Errorf("the card lacks fields:\n%s", out[0])
+	}
+	for _, p := range []string{"kv_cache_aware", "kv_thresholds", "kv_cost"} {
+		if !bytes.Contains(out[0], []byte(`"`+p+`"`)) {
+			t.Errorf("the card lacks policy %s", p)
+		}
+	}
+}
+
+// A short scorecard and what must hold on it.
+func TestShortCardInvariants(t *testing.T) {
+	card, err := RunCard(Options{Scenarios: regexp.MustCompile(`^(chat-80|chat-110|chat-closed-16)$`), Seeds: 1, MaxRequests: 800})
+	if err != nil {
+		t.Fatal(err)
+	}
+	get := func(scen, pol string) *Figures {
+		for _, s := range card.Scenarios {
+			if s.Name == scen {
+				return s.Policies[pol]
+			}
+		}
+		t.Fatalf("no %s", scen)
+		return nil
+	}
+	var table bytes.Buffer
+	card.Table(&table)
+	t.Logf("\n%s", table.String())
+	for _, scen := range []string{"chat-80", "chat-closed-16"} {
+		o, rr := get(scen, "oracle"), get(scen, "round_robin")
+		if o.HitRatio < rr.HitRatio {
+			t.Errorf("%s: the oracle's hit ratio %v is below round_robin's %v", scen, o.HitRatio, rr.HitRatio)
+		}
+		if o.TTFTP50 > rr.TTFTP50 {
+			t.Errorf("%s: the oracle's TTFT p50 %v is above round_robin's %v", scen, o.TTFTP50, rr.TTFTP50)
+		}
+	}
+	for _, s := range card.Scenarios {
+		for name, f := range s.Policies {
+			if s.Name == "chat-80" && f.unserved != 0 {
+				t.Errorf("%s %s: %d unserved at 80%% load", s.Name, name, f.unserved)
+			}
+		}
+	}
+	// kvroute's decisions: prefix-aware, they hit more than round_robin; kv_cache_aware runs
+	// the default decision, choice for choice.
+	for _, scen := range []string{"chat-80", "chat-closed-16"} {
+		rr := get(scen, "round_robin")
+		for _, pol := range []string{"kv_thresholds", "kv_cost"} {
+			if f := get(scen, pol); f.HitRatio < rr.HitRatio+0.1 {
+				t.Errorf("%s: %s's hit ratio %v is not 0.1 above round_robin's %v", scen, pol, f.HitRatio, rr.HitRatio)
+			}
+		}
+	}
+	for _, s := range card.Scenarios {
+		if def, kv := s.Policies["kv_"+card.Default], s.Policies["kv_cache_aware"]; *def != *kv {
+			t.Errorf("%s: kv_cache_aware %+v is not kv_%s %+v", s.Name, *kv, card.Default, *def)
+		}
+	}
+	if f := get("chat-110", "round_robin"); !(f.Goodput < f.Throughput) {
+		t.Errorf("round_robin at 110%%: goodput %v not below throughput %v", f.Goodput, f.Throughput)
+	}
+}
+
+// Capacity is what round_robin sustains with the prefix cache off: on a trace whose prompts
+// share little, 110% of it leaves requests unserved when the run ends.
+func TestOverloadLeavesUnserved(t *testing.T) {
+	if _, err := MooncakeWorkload(1); err != nil {
+		t.Skip(err)
+	}
+	card, err := RunCard(Options{Scenarios: regexp.MustCompile(`^mooncake-110$`), Seeds: 1, MaxRequests: 500,
+		Policies: []Policy{policy(t, "round_robin")}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f := card.Scenarios[0].Policies["round_robin"]; f.unserved == 0 {
+		t.Errorf("round_robin at 110%% of capacity served everything (%+v)", *f)
+	}
+}
+
+// checked wraps a router and checks the simulator's side of the contract: Done exactly once
+// for each request routed, FirstToken before Done, readings at the telemetry interval.
+type checked struct {
+	Router
+	t        *testing.T
+	routed   map[int]int
+	done     map[int]bool
+	first    map[int]bool
+	readings []time.Duration
+}
+
+func (c *checked) Route(now time.Duration, r *Request) int {
+	i := c.Router.Route(now, r)
+	if i >= 0 {
+		c.routed[r.ID] = i
+	}
+	return i
+}
+
+func (c *checked) FirstToken(now time.Duration, r *Request, i int) {
+	if c.routed[r.ID] != i || c.first[r.ID] {
+		c.t.Errorf("first token of %d from engine %d (routed to %d, seen %v)", r.ID, i, c.routed[r.ID], c.first[r.ID])
+	}
+	c.first[r.ID] = true
+	c.Router.FirstToken(now, r, i)
+}
+
+func (c *checked) Done(now time.Duration, r *Request, i int, u Usage) {
+	if c.done[r.ID] {
+		c.t.Errorf("Done twice for %d", r.ID)
+	}
+	if !u.Aborted && (!c.first[r.ID] || u.PromptTokens != r.Tokens || u.CachedTokens > u.PromptTokens || u.FirstToken != r.FirstToken) {
+		c.t.Errorf("Done for %d: usage %+v, request %+v", r.ID, u, r)
+	}
+	c.done[r.ID] = true
+	c.Router.Done(now, r, i, u)
+}
+
+func (c *checked) Reading(now time.Duration, i int, rd engine.Reading) {
+	if i == 0 {
+		c.readings = append(c.readings, now)
+	}
+	c.Router.Reading(now, i, rd)
+}
+
+func TestRunContract(t *testing.T) {
+	sc := scenario(t, "chat-restart-80")
+	sc.Requests = 400
+	sc.Restart.At = 5 * time.Second
+	b, err := Build(sc, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &checked{Router: policy(t, "least_conn").New(1), t: t, routed: map[int]int{}, done: map[int]bool{}, first: map[int]bool{}}
+	res := Run(sc, b, 1, 20, c)
+	aborted := 0
+	for _, r := range res.Requests {
+		if _, ok := c.routed[r.ID]; ok != c.done[r.ID] {
+			t.Errorf("request %d: routed %v, done %v", r.ID, ok, c.done[r.ID])
+		}
+		if r.Aborted {
+			aborted++
+		}
+	}
+	if aborted == 0 {
+		t.Error("the restart aborted nothing")
+	}
+	for i, at := range c.readings {
+		if at != time.Duration(i+1)*time.Second {
+			t.Fatalf("reading %d at %v, want every second", i, at)
+		}
+	}
+	if len(c.readings) < 10 {
+		t.Errorf("%d readings", len(c.readings))
+	}
+}
+
+// gate is a router that keeps requests waiting while every engine has limit in flight, and
+// sheds every 50th request: the late-binding and shedding paths a decision core may use.
+type gate struct {
+	inflight
+	limit, seen int
+}
+
+func (g *gate) Route(time.Duration, *Request) int {
+	g.seen++
+	if g.seen%50 == 0 {
+		return Shed
+	}
+	best := 0
+	for i, n := range g.n {
+		if n < g.n[best] {
+			best = i
+		}
+	}
+	if g.n[best] >= g.limit {
+		return Wait
+	}
+	return g.pick(best)
+}
+
+func TestWaitAndShed(t *testing.T) {
+	sc := scenario(t, "chat-closed-64")
+	sc.Requests = 400
+	b, err := Build(sc, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := &gate{limit: 2}
+	res := Run(sc, b, 1, 0, g)
+	f := Measure(res, time.Second)
+	if f.unserved != 0 || !(f.Shed > 0) || !(f.QueueWaitP99 > 0) {
+		t.Errorf("unserved %d, shed %v, queue wait p99 %v", f.unserved, f.Shed, f.QueueWaitP99)
+	}
+	for _, r := range res.Requests {
+		if r.Engine >= 0 && r.Routed < r.Arrival {
+			t.Fatalf("request %d routed before it arrived", r.ID)
+		}
+	}
+	if max(g.n[0], g.n[1], g.n[2], g.n[3]) != 0 {
+		t.Errorf("in flight at the end: %v", g.n)
+	}
+}
+
+// The workloads' prompts share text exactly where they share KV blocks.
+func TestTextAndBlocksAgree(t *testing.T) {
+	sc := scenario(t, "chat-sessions-80")
+	sc.Requests = 64
+	b, err := Build(sc, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	turns := b.reqs[0]
+	for k := 1; k < len(turns); k++ {
+		prev, cur := turns[k-1], turns[k]
+		if cur.Text[:len(prev.Text)] != prev.Text {
+			t.Fatalf("turn %d does not start with turn %d's text", k, k-1)
+		}
+		for i, h := range prev.hashes {
+			if cur.hashes[i] != h {
+				t.Fatalf("turn %d's block %d differs from turn %d's", k, i, k-1)
+			}
+		}
+		if got, want := float64(cur.Chars)/float64(cur.Tokens), sc.CharsPerToken; got < want-0.05 || got > want+0.05 {
+			t.Errorf("chars per token %.3f, want %.2f", got, want)
+		}
+	}
+	other := b.reqs[1][0]
+	if len(other.hashes) > 0 && other.hashes[len(other.hashes)-1] == turns[0].hashes[len(turns[0].hashes)-1] {
+		t.Error("two conversations share their last block")
+	}
+	if turns[0].Session == "" || turns[0].Session != turns[1].Session || turns[0].Session == other.Session {
+		t.Errorf("sessions: %q %q %q", turns[0].Session, turns[1].Session, other.Session)
+	}
+}
+
+func BenchmarkRun(b *testing.B) {
+	sc := scenario(b, "chat-80")
+	built, err := Build(sc, 1)
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, name := range []string{"round_robin", "sglang", "oracle", "kv_thresholds", "kv_cost"} {
+		p := policy(b, name)
+		b.Run(name, func(b *testing.B) {
+			b.ReportAllocs()
+			for range b.N {
+				Run(sc, built, 1, 20, p.New(1))
+			}
+		})
+	}
+}
+
+// Figures with nothing to measure are null in the JSON, never NaN (which encoding/json refuses).
+func TestUndefinedFiguresAreNull(t *testing.T) {
+	r := &Request{ID: 0, Engine: -1}
+	f := Measure(&Result{Requests: []*Request{r}, EngineLoad: []float64{0, 0}}, time.Second)
+	card := &Card{Default: "thresholds", Scenarios: []*ScenarioResult{{Name: "x", Seed: 1, SLO: 10, Policies: map[string]*Figures{"p": f}}}}
+	js, err := card.JSON()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []string{"hit_ratio", "ttft_p50_ms", "ttft_p99_ms", "e2e_p99_ms", "throughput_rps", "goodput_rps", "imbalance", "queue_wait_p99_ms", "shed_rps"} {
+		if !bytes.Contains(js, []byte(`"`+k+`": null`)) {
+			t.Errorf("%s is not null:\n%s", k, js)
+		}
+	}
+	if f.unserved != 1 {
+		t.Errorf("unserved %d, want 1", f.unserved)
+	}
+}

@@ -1,0 +1,167 @@
+package fleetsim
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/kvroute/caddy-kvroute/examples/llmsim/engine"
+)
+
+// Scenario is a fleet, a workload and a way of sending it.
+type Scenario struct {
+	Name string
+	// Family names the workload and fleet the scenario shares with others that differ only in
+	// load: they share one capacity and one SLO.
+	Family   string
+	Requests int
+	Workload func(requests int, seed uint64) (*Workload, error)
+	Engines  []engine.Config
+	// CharsPerToken is the true ratio of prompt chars to tokens (what the engines'
+	// tokenizer gives); routers estimate it.
+	CharsPerToken float64
+	// Sessions: each request carries its conversation's id (a session header).
+	Sessions bool
+	// Load is the open-loop rate as a fraction of Capacity; Clients > 0 runs closed loop
+	// instead, each client sending its conversation's calls back to back.
+	Load    float64
+	Clients int
+	// Adapters > 0 spreads conversations over that many LoRA adapters (Zipf popularity).
+	Adapters          int
+	TelemetryInterval time.Duration
+	Restart           *Restart
+	Side              *SideLoad
+}
+
+// Restart restarts an engine At after the start (open loop: at the nominal pace, scaled to
+// the rate).
+type Restart struct {
+	Engine int
+	At     time.Duration
+}
+
+// SideLoad is traffic no router sees: Rate requests per second of unrelated prompts sent
+// straight to one engine.
+type SideLoad struct {
+	Engine int
+	Rate   float64
+}
+
+// Built is a scenario's workload built at its true chars per token: requests with their text
+// and block hashes, shared read-only by every run of the scenario and seed.
+type Built struct {
+	w    *Workload
+	reqs [][]*Request
+	span time.Duration
+}
+
+// Build builds sc's workload for seed.
+func Build(sc *Scenario, seed uint64) (*Built, error) {
+	w, err := sc.Workload(sc.Requests, seed)
+	if err != nil {
+		return nil, err
+	}
+	return build1(sc, w, seed), nil
+}
+
+func build1(sc *Scenario, w *Workload, seed uint64) *Built {
+	b := &Built{w: w, span: w.span(), reqs: make([][]*Request, len(w.sessions))}
+	r := newRNG(seed, "adapters")
+	for i, s := range w.sessions {
+		adapter := ""
+		if sc.Adapters > 0 {
+			adapter = fmt.Sprintf("lora-%d", r.zipf(sc.Adapters, 1.0))
+		}
+		for _, c := range s.calls {
+			if adapter != "" {
+				c.adapter, c.model = adapter, adapter
+			}
+			req := build(c, sc.CharsPerToken, w.full)
+			req.sess = i
+			if sc.Sessions {
+				req.Session = s.id
+			}
+			b.reqs[i] = append(b.reqs[i], req)
+		}
+	}
+	return b
+}
+
+// Engine fleets. The coefficients are an 8B model on one large GPU, roughly (see
+// engine.Config's defaults); the caches are smaller than each workload's working set, so that
+// where a router puts prefixes matters.
+func chatEngine() engine.Config {
+	return engine.Config{MaxNumSeqs: 8, CapacityBlocks: 2048}
+}
+
+func traceEngine() engine.Config {
+	return engine.Config{MaxNumSeqs: 16, MaxBatchTokens: 4096, CapacityBlocks: 65536}
+}
+
+func fleet(n int, cfg engine.Config) []engine.Config {
+	out := make([]engine.Config, n)
+	for i := range out {
+		out[i] = cfg
+	}
+	return out
+}
+
+// slowed returns cfg k times slower in every part of its step.
+func slowed(cfg engine.Config, k time.Duration) engine.Config {
+	cfg.StepFixed = k * engine.DefaultStepFixed
+	cfg.PerPrefillToken = k * engine.DefaultPerPrefillToken
+	cfg.PerSeq = k * engine.DefaultPerSeq
+	return cfg
+}
+
+func chatW(requests int, seed uint64) (*Workload, error) { return ChatWorkload(requests, seed), nil }
+func mooncakeW(requests int, _ uint64) (*Workload, error) {
+	return MooncakeWorkload(requests)
+}
+func conversationW(requests int, seed uint64) (*Workload, error) {
+	return ConversationWorkload(requests, seed), nil
+}
+func toolAgentW(requests int, seed uint64) (*Workload, error) {
+	return ToolAgentWorkload(requests, seed), nil
+}
+
+// Scenarios are the scorecard's scenarios.
+func Scenarios() []*Scenario {
+	const chatN, traceN = 2000, 1500
+	tele := time.Second
+	chat4 := fleet(4, chatEngine())
+	var out []*Scenario
+	add := func(sc Scenario) {
+		if sc.TelemetryInterval == 0 {
+			sc.TelemetryInterval = tele
+		}
+		if sc.CharsPerToken == 0 {
+			sc.CharsPerToken = 4
+		}
+		out = append(out, &sc)
+	}
+	for _, load := range []float64{0.5, 0.8, 0.95, 1.1} {
+		add(Scenario{Name: fmt.Sprintf("chat-%d", int(load*100)), Family: "chat", Requests: chatN, Workload: chatW, Engines: chat4, Load: load})
+	}
+	add(Scenario{Name: "chat-sessions-80", Family: "chat-sessions", Requests: chatN, Workload: chatW, Engines: chat4, Load: 0.8, Sessions: true, CharsPerToken: 3.6})
+	add(Scenario{Name: "chat-closed-16", Family: "chat", Requests: chatN, Workload: chatW, Engines: chat4, Clients: 16})
+	add(Scenario{Name: "chat-closed-64", Family: "chat", Requests: chatN, Workload: chatW, Engines: chat4, Clients: 64})
+	add(Scenario{Name: "chat-16-engines-80", Family: "chat-16", Requests: 4 * chatN, Workload: chatW, Engines: fleet(16, chatEngine()), Load: 0.8})
+	add(Scenario{Name: "chat-64-engines-80", Family: "chat-64", Requests: 8 * chatN, Workload: chatW, Engines: fleet(64, chatEngine()), Load: 0.8})
+	slow := fleet(4, chatEngine())
+	slow[2], slow[3] = slowed(slow[2], 4), slowed(slow[3], 4)
+	add(Scenario{Name: "chat-slow-half-80", Family: "chat-slow", Requests: chatN, Workload: chatW, Engines: slow, Load: 0.8})
+	add(Scenario{Name: "chat-side-load-80", Family: "chat", Requests: chatN, Workload: chatW, Engines: chat4, Load: 0.8, Side: &SideLoad{Engine: 0, Rate: 4}})
+	add(Scenario{Name: "chat-restart-80", Family: "chat", Requests: chatN, Workload: chatW, Engines: chat4, Load: 0.8, Restart: &Restart{Engine: 1, At: 60 * time.Second}})
+	lora := fleet(4, chatEngine())
+	for i := range lora {
+		lora[i].MaxLoras = 2
+	}
+	add(Scenario{Name: "chat-lora-80", Family: "chat-lora", Requests: chatN, Workload: chatW, Engines: lora, Load: 0.8, Adapters: 8, CharsPerToken: 4.4})
+	trace4 := fleet(4, traceEngine())
+	add(Scenario{Name: "mooncake-80", Family: "mooncake", Requests: traceN, Workload: mooncakeW, Engines: trace4, Load: 0.8, CharsPerToken: 4.2})
+	add(Scenario{Name: "mooncake-110", Family: "mooncake", Requests: traceN, Workload: mooncakeW, Engines: trace4, Load: 1.1, CharsPerToken: 4.2})
+	add(Scenario{Name: "mooncake-closed-16", Family: "mooncake", Requests: traceN, Workload: mooncakeW, Engines: trace4, Clients: 16, CharsPerToken: 4.2})
+	add(Scenario{Name: "conversation-80", Family: "conversation", Requests: traceN, Workload: conversationW, Engines: trace4, Load: 0.8, CharsPerToken: 3.3})
+	add(Scenario{Name: "toolagent-80", Family: "toolagent", Requests: traceN, Workload: toolAgentW, Engines: trace4, Load: 0.8, CharsPerToken: 4.6})
+	return out
+}
