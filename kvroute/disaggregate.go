@@ -604,7 +604,7 @@ func (d *Disaggregate) prefillLeg(r *http.Request, lr *llmRequest, client map[st
 	rec := &legRecorder{header: make(http.Header)}
 	leg, out, finish := legRequest(ctx, r, lr, body, rec)
 	start := time.Now()
-	err = d.prefill.ServeHTTP(out, leg, noNext)
+	err = serveLeg(d.prefill, out, leg)
 	finish(err)
 	if err != nil {
 		return nil, err
@@ -626,6 +626,25 @@ func (d *Disaggregate) prefillLeg(r *http.Request, lr *llmRequest, client map[st
 		return nil, errors.New("prefill answer without kv_transfer_params")
 	}
 	return ans.KV, nil
+}
+
+// serveLeg runs a prefill leg through the prefill pool's reverse_proxy. Caddy's proxy panics
+// with http.ErrAbortHandler when an answer breaks off after its header (an engine that dies
+// mid-answer, or a recorder that refuses an answer over its bound): on a handler's goroutine
+// net/http would take that as "abort the client's connection", on a goroutine of its own
+// (protocol sglang) it would end the process. A prefill leg's answer never reaches the client,
+// so for it that is a failed leg, nothing more.
+func serveLeg(h *reverseproxy.Handler, w http.ResponseWriter, r *http.Request) (err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			if v == http.ErrAbortHandler {
+				err = errors.New("prefill answer broke off")
+				return
+			}
+			err = fmt.Errorf("prefill leg panicked: %v", v)
+		}
+	}()
+	return h.ServeHTTP(w, r, noNext)
 }
 
 // noNext ends a leg's handler chain: the prefill pool's reverse_proxy is the last handler.

@@ -349,7 +349,7 @@ func (d *Disaggregate) serveSGLang(w http.ResponseWriter, r *http.Request, next 
 	go func() {
 		defer close(prefillDone)
 		start := time.Now()
-		err := d.prefill.ServeHTTP(out, leg, noNext)
+		err := serveLeg(d.prefill, out, leg)
 		finish(err)
 		switch {
 		case err != nil:

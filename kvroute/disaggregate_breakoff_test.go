@@ -1,0 +1,64 @@
+package kvroute
+
+import (
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+)
+
+// breakingPrefill is a prefill engine that answers its header and part of a body, then breaks
+// the connection off, as an engine that crashes mid-answer does.
+func breakingPrefill(t *testing.T) string {
+	t.Helper()
+	p := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/metrics" {
+			http.NotFound(w, r)
+			return
+		}
+		io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusOK)
+		io.WriteString(w, `{"choices":`)
+		w.(http.Flusher).Flush()
+		panic(http.ErrAbortHandler)
+	}))
+	t.Cleanup(p.Close)
+	return strings.TrimPrefix(p.URL, "http://")
+}
+
+// Caddy's reverse_proxy panics with http.ErrAbortHandler when an answer breaks off after its
+// header. protocol sglang runs the prefill leg on a goroutine of its own, where that panic
+// ended the whole process ("panic: net/http: abort Handler" from serveSGLang's goroutine); it
+// is a failed prefill leg: the documented 502.
+func TestDisaggregateSGLangPrefillBreaksOffMidAnswer(t *testing.T) {
+	dec := newSGEngine(t)
+	dec.set(true, 0) // the decode engine holds the request: its KV never arrives
+	startCaddy(t, pdConfig(breakingPrefill(t), dec.addr(), "protocol sglang", ""))
+	client := &http.Client{Timeout: 15 * time.Second}
+	before := disaggCounts[disaggPrefillFailed].Load()
+	for _, stream := range []bool{false, true} {
+		code, got := postPD(t, client, longChat(stream, ""))
+		if code != http.StatusBadGateway {
+			t.Fatalf("stream %t: a prefill engine that broke off mid-answer: status %d (%q), want 502", stream, code, got)
+		}
+	}
+	if n := disaggCounts[disaggPrefillFailed].Load() - before; n != 2 {
+		t.Fatalf("prefill_failed counted %d, want 2", n)
+	}
+}
+
+// With protocol vllm the same break-off is a failed prefill leg that goes on aggregated: the
+// client gets the decode engine's answer, never a cut connection.
+func TestDisaggregateVLLMPrefillBreaksOffMidAnswer(t *testing.T) {
+	fl := new(pdFleet)
+	dec := newPDEngine(t, fl, "d1", false)
+	startCaddy(t, pdConfig(breakingPrefill(t), dec.addr(), "split always", ""))
+	client := &http.Client{Timeout: 15 * time.Second}
+	code, got := postPD(t, client, longChat(false, ""))
+	if code != http.StatusOK || !strings.Contains(got, "Paris. (d1)") {
+		t.Fatalf("a prefill engine that broke off mid-answer: status %d, answer %q; want the decode engine's aggregated answer", code, got)
+	}
+}
