@@ -464,11 +464,42 @@ func (d *Disaggregate) aggregated(w http.ResponseWriter, r *http.Request, next c
 		w.Header().Set("Accept-Encoding", "gzip, deflate")
 		return caddyhttp.Error(http.StatusUnsupportedMediaType, fmt.Errorf("llm_disaggregate: a body with Content-Encoding %q: the client's P/D fields cannot be removed from it", ce))
 	}
+	if !identity {
+		// A decoded stream is bounded: a small body must not become gigabytes at an engine
+		// (which, unlike the router, may read a body whole).
+		src = &decodedLimit{r: src, left: max(maxDecodedStream, 16*lr.maxBody)}
+	}
 	lr.body = llmreq.Stream(r, newPDStripper(src, r.Body.Close))
 	r.Header.Del("Content-Length")
 	r.Header.Del("Content-Encoding")
 	r.Header.Del("Transfer-Encoding")
 	return next.ServeHTTP(w, r)
+}
+
+// maxDecodedStream bounds a gzip or deflate body decoded as it streams to a decode engine (at
+// least 16 × max_body): past it the decode attempt fails, as for a body that breaks off.
+var maxDecodedStream int64 = 64 << 20
+
+// decodedLimit reads at most left bytes of r, then fails.
+type decodedLimit struct {
+	r    io.Reader
+	left int64
+}
+
+func (l *decodedLimit) Read(p []byte) (int, error) {
+	if l.left <= 0 {
+		var one [1]byte
+		if n, err := l.r.Read(one[:]); n == 0 {
+			return 0, err // the end (io.EOF) right at the bound, an error, or nothing yet
+		}
+		return 0, errors.New("llm_disaggregate: the decoded body is over its bound")
+	}
+	if int64(len(p)) > l.left {
+		p = p[:l.left]
+	}
+	n, err := l.r.Read(p)
+	l.left -= int64(n)
+	return n, err
 }
 
 // stripXargs removes kv_transfer_params from vllm_xargs, which vLLM merges into the request's

@@ -1,6 +1,7 @@
 package kvroute
 
 import (
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -60,5 +61,37 @@ func TestDisaggregateVLLMPrefillBreaksOffMidAnswer(t *testing.T) {
 	code, got := postPD(t, client, longChat(false, ""))
 	if code != http.StatusOK || !strings.Contains(got, "Paris. (d1)") {
 		t.Fatalf("a prefill engine that broke off mid-answer: status %d, answer %q; want the decode engine's aggregated answer", code, got)
+	}
+}
+
+// A gzip body decoded as it streams to a decode engine is bounded (at least 16 × max_body):
+// before, 1 MB of gzip could reach an engine as a gigabyte (found by review). Here the bound
+// is 16 × 2 KiB; a body decoding to ~200 KiB never reaches the engine whole, one within the
+// bound does, unchanged but for its P/D fields.
+func TestDisaggregateDecodedStreamBounded(t *testing.T) {
+	old := maxDecodedStream
+	maxDecodedStream = 0
+	t.Cleanup(func() { maxDecodedStream = old })
+	fl := new(pdFleet)
+	p := newPDEngine(t, fl, "p1", true)
+	dec := newRawDecoder(t)
+	cfg := strings.Replace(pdConfig(p.addr(), dec.addr(), "split always", ""), "@llm llm_prompt\n", "@llm llm_prompt {\n\t\tmax_body 2KiB\n\t}\n", 1)
+	startCaddy(t, cfg)
+	client := &http.Client{Timeout: 20 * time.Second}
+
+	within := longChat(false, ", "+forgedKV) // ~11 KiB decoded
+	if code, _, got := postGzip(t, client, within); code != http.StatusOK {
+		t.Fatalf("a gzip body within the bound: status %d: %s", code, got)
+	}
+	if b := dec.next(t); b.encoding != "" || strings.Contains(string(b.body), "kv_transfer_params") || strings.Count(string(b.body), "a long document") != 400 {
+		t.Fatalf("a gzip body within the bound reached the decode engine as (Content-Encoding %q) %.200s...", b.encoding, b.body)
+	}
+	huge := fmt.Sprintf(`{"model":"m","messages":[{"role":"user","content":%q}],"max_tokens":5}`, strings.Repeat("a", 200<<10))
+	code, enc, got := postGzip(t, client, huge)
+	if code == http.StatusOK {
+		t.Fatalf("a %d-byte gzip body decoding to %d bytes, over the bound of 32 KiB: status 200 (%s)", enc, len(huge), got)
+	}
+	if n := dec.seen.Load(); n != 1 {
+		t.Fatalf("the decode engine read %d whole bodies, want 1 (not the one over the bound)", n)
 	}
 }
