@@ -59,6 +59,9 @@ type Config struct {
 	Parallel int
 	// Context is the model's num_ctx per request (default 8192).
 	Context int
+	// Threads is the model's num_thread, the CPU threads an instance computes with (0: Ollama's
+	// default, one per core): instances side by side share the cores.
+	Threads int
 	// SingleUserCache leaves OLLAMA_MULTIUSER_CACHE unset: one unrelated prompt then evicts a
 	// slot's cached prefix. By default it is set, and a slot keeps its prefix across prompts.
 	SingleUserCache bool
@@ -171,7 +174,7 @@ func (f *Fleet) startOne(ctx context.Context, i int, register bool) error {
 		return fmt.Errorf("ollama w%d on %s: %w (log: %s)", i, f.Addrs[i], err, f.Log(i))
 	}
 	if register {
-		if err := Register(ctx, base, f.cfg.Name, f.cfg.Model, f.cfg.Context); err != nil {
+		if err := Register(ctx, base, f.cfg.Name, f.cfg.Model, f.cfg.Context, f.cfg.Threads); err != nil {
 			return fmt.Errorf("ollama w%d: registering %s: %w (log: %s)", i, f.cfg.Model, err, f.Log(i))
 		}
 	}
@@ -202,14 +205,14 @@ func waitUp(ctx context.Context, base string) error {
 }
 
 // Register uploads the GGUF file as a blob (POST /api/blobs/sha256:...) and creates the model
-// from it (POST /api/create) with Template and the parameters num_ctx and num_predict: what
-// `ollama create NAME -f Modelfile` does, for a Modelfile of
+// from it (POST /api/create) with Template and the parameters num_ctx, num_predict and, when
+// threads > 0, num_thread: what `ollama create NAME -f Modelfile` does, for a Modelfile of
 //
 //	FROM ./tiny.gguf
 //	TEMPLATE """..."""
 //	PARAMETER num_ctx 8192
 //	PARAMETER num_predict 16
-func Register(ctx context.Context, base, name, ggufPath string, numCtx int) error {
+func Register(ctx context.Context, base, name, ggufPath string, numCtx, threads int) error {
 	raw, err := os.ReadFile(ggufPath)
 	if err != nil {
 		return err
@@ -219,11 +222,15 @@ func Register(ctx context.Context, base, name, ggufPath string, numCtx int) erro
 	if err := post(ctx, base+"/api/blobs/"+digest, "application/octet-stream", raw); err != nil {
 		return fmt.Errorf("blob: %w", err)
 	}
+	params := map[string]any{"num_ctx": numCtx, "num_predict": DefaultNumPredict}
+	if threads > 0 {
+		params["num_thread"] = threads
+	}
 	body, _ := json.Marshal(map[string]any{
 		"model":      name,
 		"files":      map[string]string{filepath.Base(ggufPath): digest},
 		"template":   Template,
-		"parameters": map[string]any{"num_ctx": numCtx, "num_predict": DefaultNumPredict},
+		"parameters": params,
 		"stream":     false,
 	})
 	if err := post(ctx, base+"/api/create", "application/json", body); err != nil {

@@ -20,7 +20,8 @@ import (
 
 // Ollama, a real engine (examples/ollama pins it and writes its tiny model), as the fleet:
 // -fleet ollama. Each worker runs ollamaParallel requests at once, each with a context of
-// ollamaContext tokens, and keeps a prefix per slot (OLLAMA_MULTIUSER_CACHE=1). Answers are
+// ollamaContext tokens, and keeps a prefix per slot (OLLAMA_MULTIUSER_CACHE=1); it computes
+// with one thread (num_thread 1), the workers sharing the machine's cores. Answers are
 // capped at ollamaMaxTokens: the model's random words cost decode time on the same CPUs as the
 // prefills the comparison is about.
 const (
@@ -48,7 +49,7 @@ func startOllamaFleet(ctx context.Context, cfg *config) (*ollamaFleet, error) {
 		}
 	}
 	f, err := ollamafleet.Start(ctx, ollamafleet.Config{
-		Bin: bin, Model: model, Name: cfg.chat.Model, Parallel: ollamaParallel, Context: ollamaContext,
+		Bin: bin, Model: model, Name: cfg.chat.Model, Parallel: ollamaParallel, Context: ollamaContext, Threads: 1,
 		StartTimeout: 5 * time.Minute,
 	}, cfg.workers)
 	if err != nil {
