@@ -206,8 +206,11 @@ func (c *config) finish() error {
 	case "chat":
 		if c.blocks == 0 {
 			c.blocks = chatBlocksPerWorker
-			if c.fleet == "llmd" {
+			switch c.fleet {
+			case "llmd":
 				c.blocks = llmdChatBlocks
+			case "ollama":
+				c.blocks = ollamaParallel * ollamaContext / 16 // what its slots hold
 			}
 		}
 		if c.speed == 0 {
