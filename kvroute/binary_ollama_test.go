@@ -278,9 +278,13 @@ func TestBinaryOllama(t *testing.T) {
 		t.Errorf("a later turn's TTFT is %.2f of a cold one's (medians %v and %v), want < 0.7", ratio, medianDuration(warm), medianDuration(cold))
 	}
 
-	// Ollama's other endpoints are routed as what they are.
+	// Ollama's other endpoints are routed as what they are. The three generate requests are
+	// cold too: with the four first turns, one instance has answered at least 4 cold prompts,
+	// more than the 3 samples a learned prefill speed needs.
 	for _, tc := range []struct{ path, body, format string }{
-		{"/api/generate", `{"model":"tiny","system":"` + ollamaText(9, 40) + `","prompt":"hello there","options":{"num_predict":2}}`, "ollama_generate"},
+		{"/api/generate", `{"model":"tiny","system":"` + ollamaText(9, 60) + `","prompt":"hello there","options":{"num_predict":2}}`, "ollama_generate"},
+		{"/api/generate", `{"model":"tiny","system":"` + ollamaText(10, 60) + `","prompt":"hello there","stream":false}`, "ollama_generate"},
+		{"/api/generate", `{"model":"tiny","system":"` + ollamaText(11, 60) + `","prompt":"hello there","options":{"num_predict":2}}`, "ollama_generate"},
 		{"/v1/chat/completions", `{"model":"tiny","max_tokens":2,"stream":true,"messages":[{"role":"user","content":"hello there"}]}`, "openai_chat"},
 	} {
 		resp, err := client.Post(base+tc.path, "application/json", strings.NewReader(tc.body))
