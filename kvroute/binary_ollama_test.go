@@ -228,8 +228,9 @@ func TestBinaryOllama(t *testing.T) {
 	base := fmt.Sprintf("http://127.0.0.1:%d", httpPort)
 	client := &http.Client{Timeout: 3 * time.Minute}
 
-	// Four conversations of three turns, taken in turn: each with its own long system prompt.
-	const convs, turns = 4, 3
+	// Five conversations of three turns, taken in turn: each with its own long system prompt.
+	// An odd count, so that a policy blind to prefixes (round_robin) moves them between turns.
+	const convs, turns = 5, 3
 	msgs := make([][]string, convs)
 	home := make([]string, convs)
 	var cold, warm []time.Duration
@@ -254,7 +255,7 @@ func TestBinaryOllama(t *testing.T) {
 	for turn := range turns {
 		for i := range convs {
 			if turn == 0 {
-				msgs[i] = []string{"system", ollamaText(uint64(i+1), 300)}
+				msgs[i] = []string{"system", ollamaText(uint64(i+1), 600)}
 			}
 			msgs[i] = append(msgs[i], "user", ollamaText(uint64(100*i+turn), 12))
 			tr := ollamaChat(ctx, client, base, msgs[i])
@@ -279,7 +280,7 @@ func TestBinaryOllama(t *testing.T) {
 	}
 
 	// Ollama's other endpoints are routed as what they are. The three generate requests are
-	// cold too: with the four first turns, one instance has answered at least 4 cold prompts,
+	// cold too: with the five first turns, one instance has answered at least 4 cold prompts,
 	// more than the 3 samples a learned prefill speed needs.
 	for _, tc := range []struct{ path, body, format string }{
 		{"/api/generate", `{"model":"tiny","system":"` + ollamaText(9, 60) + `","prompt":"hello there","options":{"num_predict":2}}`, "ollama_generate"},
@@ -354,9 +355,11 @@ func TestBinaryOllama(t *testing.T) {
 	if strings.Count(strings.Join(home, " "), recs[0].addr()) > strings.Count(strings.Join(home, " "), recs[1].addr()) {
 		victim = 0 // the busier one
 	}
-	fleet.Kill(victim)
-	recs[victim].srv.CloseClientConnections()
+	// As a crash: the port refuses at once and open connections break (the recorder first,
+	// else it would answer 502 for the dead engine), then the engine dies.
 	recs[victim].srv.Listener.Close()
+	recs[victim].srv.CloseClientConnections()
+	fleet.Kill(victim)
 	killed = time.Now()
 	wg.Wait()
 	var worstBefore time.Duration
