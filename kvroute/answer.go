@@ -646,7 +646,7 @@ func (o *answerObserver) begin(kind answerKind, responses bool) {
 }
 
 // write observes p, bytes just written to the client. It reports whether p completed the first
-// content of a streamed answer (the first SSE event carrying content). A non-streamed answer
+// content of a streamed answer (the first SSE event, or NDJSON line, carrying content). A non-streamed answer
 // has no first content: its first byte comes after its whole decode.
 func (o *answerObserver) write(p []byte) (first bool) {
 	if len(p) == 0 {

@@ -32,7 +32,7 @@ var ollamaAnswerCases = []struct {
 	{"chat json", answerJSON,
 		`{"model":"tiny","created_at":"2026-12-05T08:40:00.3Z","message":{"role":"assistant","content":" pe al"},"done_reason":"length","done":true,` +
 			`"total_duration":40000000,"load_duration":100000,"prompt_eval_count":1200,"prompt_eval_duration":28000000,"eval_count":4,"eval_duration":8000000}`,
-		usage{ok: true, prompt: 1200, prefillMS: 28}, true},
+		usage{ok: true, prompt: 1200, prefillMS: 28}, false},
 	{"generate stream", answerNDJSON,
 		`{"model":"tiny","created_at":"2026-12-05T08:40:00.1Z","response":"ab","done":false}` + "\n" +
 			`{"model":"tiny","created_at":"2026-12-05T08:40:00.2Z","response":"","done":true,"done_reason":"length","context":[1,2,3],"prompt_eval_count":9,"prompt_eval_duration":1500000,"eval_count":1}` + "\n",
@@ -43,9 +43,9 @@ var ollamaAnswerCases = []struct {
 			"data: [DONE]\n\n",
 		usage{ok: true, prompt: 1187}, true},
 	{"a duration of 3 hours and more is a lie", answerJSON,
-		`{"done":true,"prompt_eval_count":9,"prompt_eval_duration":99999999999999}`, usage{lies: true}, true},
+		`{"done":true,"prompt_eval_count":9,"prompt_eval_duration":99999999999999}`, usage{lies: true}, false},
 	{"a fractional duration is a lie", answerJSON,
-		`{"done":true,"prompt_eval_count":9,"prompt_eval_duration":1.5}`, usage{lies: true}, true},
+		`{"done":true,"prompt_eval_count":9,"prompt_eval_duration":1.5}`, usage{lies: true}, false},
 	{"counts nested elsewhere are not the answer's", answerNDJSON,
 		`{"message":{"content":"x","prompt_eval_count":5}}` + "\n", usage{}, true},
 }

@@ -200,8 +200,8 @@ func (w *feedbackWriter) start(code int) {
 		w.obs.begin(kind, lr.Format == llmreq.Responses)
 	}
 	switch {
-	case kind == answerSSE:
-		// Its first content event is its first token (firstContent).
+	case kind == answerSSE || kind == answerNDJSON:
+		// Its first content event (or line) is its first token (firstContent).
 	case kind == answerJSON && a.pred.leg == legPrefill:
 		w.firstByte = true
 	default:
