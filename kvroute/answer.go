@@ -47,6 +47,8 @@ const (
 	fTimingsPromptN  // llama.cpp timings.prompt_n
 	fTimingsCacheN   // llama.cpp timings.cache_n
 	fTimingsPromptMS // llama.cpp timings.prompt_ms
+	fOllamaPromptN   // Ollama prompt_eval_count (answer_ollama.go)
+	fOllamaPromptNS  // Ollama prompt_eval_duration, nanoseconds
 	numUsageFields
 )
 
@@ -55,6 +57,9 @@ const (
 func usageFieldOf(path []byte) usageField {
 	// The usage object sits at the top (chat, completions, Responses and Anthropic bodies), under
 	// response (Responses events) or under message (Anthropic message_start).
+	if f := ollamaField(path); f != fNone {
+		return f
+	}
 	rest := path
 	switch {
 	case hasPrefix(rest, "usage."):
@@ -103,7 +108,7 @@ func isContentPath(path []byte) bool {
 		"choices[].delta.tool_calls[].function.name":
 		return true
 	}
-	return false
+	return isOllamaContentPath(path)
 }
 
 // scanFrame is one level of nesting the scanner is in.
@@ -508,7 +513,7 @@ func (s *jsonScanner) keep(path, v []byte) {
 func (s *jsonScanner) endNumber() {
 	if path := s.livePath(); path != nil {
 		if f := usageFieldOf(path); f != fNone {
-			v, ok := parseCount(s.num[:min(s.numLen, maxNumLen)], s.numLen > maxNumLen, f == fTimingsPromptMS)
+			v, ok := parseField(f, s.num[:min(s.numLen, maxNumLen)], s.numLen > maxNumLen)
 			if !ok {
 				s.res.lies = true
 			} else {
@@ -583,6 +588,7 @@ const (
 	answerIgnored answerKind = iota // not read (an error status, another content type, an encoded body)
 	answerJSON                      // one JSON document (a non-streamed answer)
 	answerSSE                       // server-sent events, each data a JSON document
+	answerNDJSON                    // newline-delimited JSON (Ollama's stream: answer_ollama.go)
 )
 
 // usage is what an answer reported: its prompt tokens and how many of them the engine found
@@ -640,7 +646,7 @@ func (o *answerObserver) begin(kind answerKind, responses bool) {
 }
 
 // write observes p, bytes just written to the client. It reports whether p completed the first
-// content of a streamed answer (the first SSE event carrying content). A non-streamed answer
+// content of a streamed answer (the first SSE event, or NDJSON line, carrying content). A non-streamed answer
 // has no first content: its first byte comes after its whole decode.
 func (o *answerObserver) write(p []byte) (first bool) {
 	if len(p) == 0 {
@@ -661,6 +667,10 @@ func (o *answerObserver) write(p []byte) (first bool) {
 	case answerSSE:
 		had := o.contentAt
 		o.sse(p)
+		first = !had && o.contentAt
+	case answerNDJSON:
+		had := o.contentAt
+		o.ndjson(p)
 		first = !had && o.contentAt
 	}
 	return first
@@ -919,6 +929,8 @@ func usageOf(n *[numUsageFields]float64, h *[numUsageFields]bool) (usage, bool) 
 	case h[fTimingsPromptN] && h[fTimingsCacheN]:
 		u.prompt = n[fTimingsPromptN] + n[fTimingsCacheN]
 		u.cached, u.cachedKnown = n[fTimingsCacheN], true
+	case h[fOllamaPromptN]:
+		u = ollamaUsage(h, n)
 	default:
 		return u, false
 	}
@@ -939,6 +951,8 @@ func (o *answerObserver) finish() usage {
 		case o.read > 0 && o.read < maxJSONAnswer:
 			o.gaveUps++ // cut short or malformed
 		}
+	case answerNDJSON:
+		o.ndjsonFinish()
 	case answerSSE:
 		if o.dataLines > 0 {
 			o.gaveUps++ // an event cut short: never taken in

@@ -189,6 +189,8 @@ func (w *feedbackWriter) start(code int) {
 		fb.notRead[notReadEncoded].Add(1)
 	case strings.EqualFold(ct, "text/event-stream"):
 		kind = answerSSE
+	case strings.EqualFold(ct, "application/x-ndjson"):
+		kind = answerNDJSON
 	case strings.EqualFold(ct, "application/json") || ct == "":
 		kind = answerJSON
 	default:
@@ -198,8 +200,8 @@ func (w *feedbackWriter) start(code int) {
 		w.obs.begin(kind, lr.Format == llmreq.Responses)
 	}
 	switch {
-	case kind == answerSSE:
-		// Its first content event is its first token (firstContent).
+	case kind == answerSSE || kind == answerNDJSON:
+		// Its first content event (or line) is its first token (firstContent).
 	case kind == answerJSON && a.pred.leg == legPrefill:
 		w.firstByte = true
 	default:
@@ -425,7 +427,7 @@ func (s *state) credit(r *http.Request, lr *llmRequest, a *attempt, u usage, gav
 	}
 	fb.withUsage.Add(1)
 	if p.leg != legDecode {
-		s.learnAnswer(a.u, u, firstAt.Sub(p.start), !firstAt.IsZero())
+		s.learnAnswer(a.u, coldPrefill(p, u, firstAt.Sub(p.start), !firstAt.IsZero()), firstAt.Sub(p.start), !firstAt.IsZero())
 	}
 	if !u.cachedKnown {
 		return

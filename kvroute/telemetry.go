@@ -584,7 +584,7 @@ func (s *state) observe(interval time.Duration, prev, cur *telemetry.Snapshot) {
 		// (SGLang, llama.cpp) otherwise leave the trees unbounded by KV with only a debug line
 		// to show for it.
 		if cur.Outcome == telemetry.OutcomeNotFound && !cur.FromPeer && !u.noMetrics.Swap(true) {
-			logger.Warn("telemetry: the upstream's engine serves no metrics (404), so its share of the trees has no KV bound and its load counts only this router's requests: start SGLang with --enable-metrics, llama.cpp's server with --metrics, or give the upstream block metrics_url or kv_capacity",
+			logger.Warn("telemetry: the upstream's engine serves no metrics (404), so its share of the trees has no KV bound and its load counts only this router's requests: start SGLang with --enable-metrics, llama.cpp's server with --metrics, or give the upstream block metrics_url or kv_capacity (Ollama serves none: its KV capacity is num_ctx × OLLAMA_NUM_PARALLEL tokens)",
 				zap.String("upstream", cur.Key), zap.String("url", cur.URL))
 		}
 		// A single slow page is not the telemetry going away; three failed reads in a row are.

@@ -17,12 +17,17 @@
 //   - messages, an array: OpenAI chat completions (Chat); Anthropic messages (Messages) when the
 //     body also has a top-level system (string or array), anthropic_version or stop_sequences,
 //     or a message has a tool_use or tool_result block, or the hint is Messages (the path ends
-//     in /v1/messages, or an anthropic-version header is set);
+//     in /v1/messages, or an anthropic-version header is set); Ollama's /api/chat (OllamaChat)
+//     when it has a field only Ollama has (above) or the hint is OllamaChat (the path ends in
+//     /api/chat);
 //   - else input (a string or an array) or instructions, with a field only the Responses API
 //     has (instructions, max_output_tokens, previous_response_id, reasoning, include,
 //     conversation, truncation, max_tool_calls), or an input item object, or the hint
 //     Responses (the path ends in /v1/responses): OpenAI Responses (Responses). A bare
 //     {"model","input"} elsewhere is an embeddings or moderation request;
+//   - else prompt, with a top-level system or a field only Ollama has (options, keep_alive,
+//     format, think, template, raw, images, context), or the hint OllamaGenerate (the path ends
+//     in /api/generate): Ollama's /api/generate (OllamaGenerate);
 //   - else prompt, a string or an array: OpenAI completions (Completion);
 //   - else text, a string or an array, else input_ids: SGLang /generate (Generate);
 //   - else None: an unrelated JSON object (its model, prompt_cache_key, token budget and stream
@@ -66,6 +71,14 @@
 // of its JSON. A follow-up that names previous_response_id carries only its new input: it is
 // routed by its session (prompt_cache_key), which such clients should send.
 //
+// Ollama's messages may carry images (base64 strings): after the content and the tool calls,
+// each image's placeholder, joined by "\n". OllamaGenerate, as Ollama's template sees it: the
+// context (an earlier answer's token ids, joined by " ") as a message of role "context", the
+// system prompt as a system message, each image as a user message, then the prompt as a user
+// message, so that {"system":S,"prompt":P} reads as the chat [system S, user P]; with raw true
+// the text is the prompt alone. Ollama's options.num_predict is the token budget when no
+// max_tokens is given, and its own API streams unless stream is false.
+//
 // Completion and Generate: the prompt (or text, or input_ids) string; for an array, its strings, numbers
 // (token ids, as written) and arrays of numbers (token id lists, ids joined by " ") are joined
 // by "\n", except that two numbers in a row are joined by " ". Other elements are skipped.
@@ -85,7 +98,7 @@
 // until it is read whole. The text of a cut body is thus a prefix of the text of the whole body,
 // provided no object has a key twice (Parse keeps the last one, as the Python servers do) and
 // the top-level fields come in the order of the text: system or instructions, then tools, then
-// messages or input. SDKs send keys in the order the caller wrote them, and callers often put
+// messages or input (Ollama's generate: raw, context, system, images, prompt). SDKs send keys in the order the caller wrote them, and callers often put
 // tools last: a body cut at the read limit then routes without its tools, whose text comes
 // first. A cut body with only Anthropic's system, or only tools, read so far is a chat request
 // (Messages, or Responses, as its fields and hint say).

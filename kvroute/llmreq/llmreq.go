@@ -13,21 +13,25 @@ import (
 type Format uint8
 
 const (
-	None       Format = iota // not an LLM request this package understands
-	Chat                     // OpenAI /v1/chat/completions (messages)
-	Messages                 // Anthropic /v1/messages (messages + system, or Anthropic-only fields)
-	Completion               // OpenAI /v1/completions (prompt)
-	Generate                 // SGLang /generate (text or input_ids)
-	Responses                // OpenAI /v1/responses (instructions, tools, input)
+	None           Format = iota // not an LLM request this package understands
+	Chat                         // OpenAI /v1/chat/completions (messages)
+	Messages                     // Anthropic /v1/messages (messages + system, or Anthropic-only fields)
+	Completion                   // OpenAI /v1/completions (prompt)
+	Generate                     // SGLang /generate (text or input_ids)
+	Responses                    // OpenAI /v1/responses (instructions, tools, input)
+	OllamaChat                   // Ollama /api/chat (messages, with Ollama's fields or path)
+	OllamaGenerate               // Ollama /api/generate (prompt, with system, Ollama's fields or path)
 )
 
 var formatNames = [...]string{
-	None:       "none",
-	Chat:       "openai_chat",
-	Messages:   "anthropic_messages",
-	Completion: "openai_completion",
-	Generate:   "sglang_generate",
-	Responses:  "openai_responses",
+	None:           "none",
+	Chat:           "openai_chat",
+	Messages:       "anthropic_messages",
+	Completion:     "openai_completion",
+	Generate:       "sglang_generate",
+	Responses:      "openai_responses",
+	OllamaChat:     "ollama_chat",
+	OllamaGenerate: "ollama_generate",
 }
 
 func (f Format) String() string {
@@ -53,10 +57,11 @@ type Request struct {
 	// continues); "" when absent. Kept whole, like Session.
 	PreviousResponseID string
 	// MaxTokens is max_completion_tokens, else max_tokens, else max_output_tokens (Responses),
-	// else SGLang's sampling_params.max_new_tokens; 0 when absent or not a whole number in
-	// [1, 2^31-1].
+	// else SGLang's sampling_params.max_new_tokens, else Ollama's options.num_predict; 0 when
+	// absent or not a whole number in [1, 2^31-1].
 	MaxTokens int
-	// Stream is the body's stream field (false unless it is true).
+	// Stream is the body's stream field: false unless it is true, except in Ollama's own API
+	// (OllamaChat, OllamaGenerate), which streams unless it is false.
 	Stream bool
 	// Truncated says the body was cut at the read limit; Text is a prefix of the full text.
 	Truncated bool
@@ -127,7 +132,7 @@ func (p *parser) release() {
 	for _, b := range []*[]byte{
 		&p.key, &p.model, &p.session, &p.prev, &p.num, &p.role, &p.content, &p.tools, &p.name, &p.args,
 		&p.typ, &p.fname, &p.fargs, &p.fin, &p.output, &p.summary,
-		&p.msgs, &p.sys, &p.prompt, &p.text, &p.defs, &p.instr, &p.input, &p.ids,
+		&p.msgs, &p.sys, &p.prompt, &p.text, &p.defs, &p.instr, &p.input, &p.ids, &p.images, &p.gimages, &p.ctxIDs,
 		&p.lv[0].name, &p.lv[0].nested, &p.lv[1].name, &p.lv[1].nested,
 	} {
 		if cap(*b) > keepScratch {
@@ -141,7 +146,8 @@ func (p *parser) release() {
 
 // Hint tells the API a request is sent to from its path and headers, for ParseAs: Messages for
 // a path ending in /v1/messages or a request with an anthropic-version header (Anthropic's
-// SDKs send it), Responses for a path ending in /v1/responses, None otherwise.
+// SDKs send it), Responses for a path ending in /v1/responses, OllamaChat and OllamaGenerate
+// for paths ending in /api/chat and /api/generate, None otherwise.
 func Hint(r *http.Request) Format {
 	path := strings.TrimSuffix(r.URL.Path, "/")
 	switch {
@@ -149,6 +155,10 @@ func Hint(r *http.Request) Format {
 		return Messages
 	case strings.HasSuffix(path, "/v1/responses"):
 		return Responses
+	case strings.HasSuffix(path, "/api/chat"):
+		return OllamaChat
+	case strings.HasSuffix(path, "/api/generate"):
+		return OllamaGenerate
 	}
 	return None
 }

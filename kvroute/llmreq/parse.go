@@ -35,6 +35,7 @@ type parser struct {
 	name, args              []byte // the tool call being read
 	msgs, sys, prompt, text []byte // top-level routing fields
 	defs, instr, input, ids []byte // tools definitions, Responses instructions and input, input_ids
+	images, gimages, ctxIDs []byte // a message's images; Ollama generate's images and context
 	lv                      [partLevels]struct{ name, nested []byte }
 }
 
@@ -43,11 +44,17 @@ type fields struct {
 	model, session, msgs, sys, prompt, text state
 	prev                                    state
 	defs, instr, input, ids                 state
+	images, ctx                             state // Ollama generate's images and context
 
 	defs0, defs1 int // where the tools definitions are in the body
 
 	maxTokens, maxCompletion, maxOutput, maxNew int
+	numPredict                                  int // Ollama's options.num_predict
 	stream, anthropic                           bool
+	// streamFalse says stream is false: Ollama's own API streams unless it is. ollama says a
+	// field only Ollama's API has was seen; raw, that /api/generate's raw is true (the prompt
+	// goes to the model as written, without the template).
+	streamFalse, ollama, raw bool
 	// responses says a field only the Responses API has was seen; items, that input holds an
 	// object (an input item). Either tells input from the input of embeddings or moderations.
 	responses, items bool
@@ -139,8 +146,31 @@ func (p *parser) parse() Request {
 		case "sampling_params":
 			f.maxNew = p.samplingParams()
 		case "stream":
-			f.stream = c == 't'
+			f.stream, f.streamFalse = c == 't', c == 'f'
 			p.skipValue()
+		case "options":
+			f.ollama = true
+			f.numPredict = p.objectTokens("num_predict")
+		case "keep_alive", "format", "think", "template":
+			f.ollama = true
+			p.skipValue()
+		case "raw":
+			f.ollama = true
+			f.raw = c == 't'
+			p.skipValue()
+		case "images":
+			f.ollama = true
+			p.gimages = p.imageList(p.gimages[:0], true)
+			f.images = p.state()
+		case "context":
+			f.ollama = true
+			f.ctx = absent
+			if c != '[' {
+				p.skipValue()
+				break
+			}
+			p.ctxIDs = p.tokenList(p.ctxIDs[:0])
+			f.ctx = p.state()
 		case "anthropic_version", "stop_sequences":
 			f.anthropic = true
 			p.skipValue()
@@ -178,12 +208,22 @@ func (p *parser) parse() Request {
 		req.MaxTokens = f.maxTokens
 	case f.maxOutput > 0:
 		req.MaxTokens = f.maxOutput
-	default:
+	case f.maxNew > 0:
 		req.MaxTokens = f.maxNew
+	default:
+		req.MaxTokens = f.numPredict
 	}
 	req.Stream = f.stream
 	responses := p.hint == Responses || f.responses || f.items
+	// Ollama's /api/generate: a prompt with a system prompt (OpenAI completions have none) or a
+	// field only Ollama has, or sent to /api/generate; a cut body without its prompt yet, once
+	// its system prompt, context or images are read.
+	generate := f.msgs == absent && (f.prompt != absent && (f.ollama || f.sys != absent || p.hint == OllamaGenerate) ||
+		p.trunc && (f.ollama || p.hint == OllamaGenerate) && (f.sys != absent || f.ctx != absent || f.images != absent))
 	switch {
+	case generate:
+		req.Format = OllamaGenerate
+		req.Text = p.generateText(&f)
 	case f.msgs != absent || p.trunc && f.sys != absent:
 		req.Format = p.chatFormat(&f)
 		req.Text = p.routingText(p.sys, f.sys, &f, p.msgs, f.msgs)
@@ -206,6 +246,9 @@ func (p *parser) parse() Request {
 		req.Format = Generate
 		req.Text = string(p.ids)
 	}
+	if req.Format == OllamaChat || req.Format == OllamaGenerate {
+		req.Stream = !f.streamFalse
+	}
 	return req
 }
 
@@ -215,7 +258,80 @@ func (p *parser) chatFormat(f *fields) Format {
 	if f.anthropic || f.sys != absent || p.hint == Messages {
 		return Messages
 	}
+	if f.ollama || p.hint == OllamaChat {
+		return OllamaChat
+	}
 	return Chat
+}
+
+// generateText is the routing text of an Ollama /api/generate body, in the order Ollama's
+// template sees it: the context (an earlier answer's token ids, as a message of role
+// "context"), the system prompt as a system message, each image as a user message, then the
+// prompt as a user message; a chat of [system, user] reads the same. A raw prompt goes to the
+// model as written: it is the text. A field the body ends inside ends the text.
+func (p *parser) generateText(f *fields) string {
+	if f.raw {
+		return string(p.prompt)
+	}
+	var sb strings.Builder
+	sb.Grow(len("context") + len(p.ctxIDs) + len("system") + len(p.sys) + len(p.gimages) + len("user") + len(p.prompt) + 8)
+	msg := func(role string, body []byte, st state) bool {
+		sb.WriteString(role)
+		sb.WriteByte(roleEnd)
+		sb.Write(body)
+		if st == partial {
+			return false
+		}
+		sb.WriteByte(messageEnd)
+		return true
+	}
+	if f.ctx != absent && !msg("context", p.ctxIDs, f.ctx) {
+		return sb.String()
+	}
+	if f.sys != absent && !msg("system", p.sys, f.sys) {
+		return sb.String()
+	}
+	if f.images != absent {
+		sb.Write(p.gimages)
+		if f.images == partial {
+			return sb.String()
+		}
+	}
+	if f.prompt != absent {
+		msg("user", p.prompt, f.prompt)
+	}
+	return sb.String()
+}
+
+// imageList appends the placeholders of an array of images (Ollama sends each as a base64
+// string): each one's placeholder, joined by "\n", or with messages each as a user message.
+// An image the body ends inside gives nothing.
+func (p *parser) imageList(dst []byte, messages bool) []byte {
+	if p.b[p.pos] != '[' {
+		p.skipValue()
+		return dst
+	}
+	p.enter()
+	start := len(dst)
+	for first := true; p.element(first); first = false {
+		v := p.pos
+		p.skipValue()
+		if p.stop() {
+			break
+		}
+		if messages {
+			dst = append(dst, "user"...)
+			dst = append(dst, roleEnd)
+			dst = appendPlaceholder(dst, p.b[v:p.pos])
+			dst = append(dst, messageEnd)
+			continue
+		}
+		if len(dst) > start {
+			dst = append(dst, '\n')
+		}
+		dst = appendPlaceholder(dst, p.b[v:p.pos])
+	}
+	return dst
 }
 
 // routingText joins what comes ahead of the conversation, a system prompt (Anthropic's system,
@@ -316,7 +432,11 @@ func (p *parser) tokens() int {
 }
 
 // samplingParams reads SGLang's sampling_params and returns its max_new_tokens.
-func (p *parser) samplingParams() int {
+func (p *parser) samplingParams() int { return p.objectTokens("max_new_tokens") }
+
+// objectTokens reads an object (SGLang's sampling_params, Ollama's options) and returns the
+// token count under key.
+func (p *parser) objectTokens(want string) int {
 	if p.b[p.pos] != '{' {
 		p.skipValue()
 		return 0
@@ -328,7 +448,7 @@ func (p *parser) samplingParams() int {
 		if !ok {
 			break
 		}
-		if string(key) == "max_new_tokens" {
+		if string(key) == want {
 			n = p.tokens()
 		} else {
 			p.skipValue()
@@ -453,7 +573,7 @@ func (p *parser) messages(dst []byte, f *fields) (_ []byte, objects bool) {
 func (p *parser) message(dst []byte, f *fields) []byte {
 	start := p.pos
 	p.enter()
-	content, tools := p.content[:0], p.tools[:0]
+	content, tools, images := p.content[:0], p.tools[:0], p.images[:0]
 	name, args, in := p.fname[:0], p.fargs[:0], p.fin[:0]
 	var role, typ []byte // views: of the body, or of p.role and p.typ
 	output, summary := p.output[:0], p.summary[:0]
@@ -476,6 +596,8 @@ func (p *parser) message(dst []byte, f *fields) []byte {
 		case "tool_calls":
 			tools = p.toolCalls(tools[:0])
 			toolsSt = p.state()
+		case "images": // Ollama's: after the content and tool calls, only once read whole
+			images = p.imageList(images[:0], false)
 		case "type":
 			typ, typSt = p.word(&p.typ)
 		case "name":
@@ -495,7 +617,7 @@ func (p *parser) message(dst []byte, f *fields) []byte {
 			break
 		}
 	}
-	p.content, p.tools = content, tools
+	p.content, p.tools, p.images = content, tools, images
 	p.fname, p.fargs, p.fin, p.output, p.summary = name, args, in, output, summary
 	if p.bad {
 		return dst
@@ -526,6 +648,12 @@ func (p *parser) message(dst []byte, f *fields) []byte {
 	}
 	if p.eof {
 		return dst
+	}
+	if len(images) > 0 {
+		if len(content) > 0 || len(tools) > 0 {
+			dst = append(dst, '\n')
+		}
+		dst = append(dst, images...)
 	}
 	return append(dst, messageEnd)
 }

@@ -23,7 +23,8 @@ func ph(raw string) string { return refPlaceholder([]byte(raw)) }
 func TestFormatString(t *testing.T) {
 	for f, want := range map[Format]string{
 		None: "none", Chat: "openai_chat", Messages: "anthropic_messages",
-		Completion: "openai_completion", Generate: "sglang_generate", Responses: "openai_responses", 9: "Format(9)",
+		Completion: "openai_completion", Generate: "sglang_generate", Responses: "openai_responses",
+		OllamaChat: "ollama_chat", OllamaGenerate: "ollama_generate", 9: "Format(9)",
 	} {
 		if got := f.String(); got != want {
 			t.Errorf("Format(%d).String() = %q, want %q", f, got, want)
@@ -237,6 +238,28 @@ var parseTests = []struct {
 	{"bad literal", `{"prompt":"x","stream":tru}`, Request{}},
 	{"bad number", `{"prompt":"x","seed":01}`, Request{}},
 	{"bad fraction", `{"prompt":"x","seed":1.}`, Request{}},
+	// Ollama's own API: /api/chat streams unless told not to; /api/generate renders its system
+	// and prompt as a system and a user message.
+	{"ollama chat", `{"model":"tiny","messages":[{"role":"system","content":"S"},{"role":"user","content":"Hi"}],"options":{"num_predict":12,"temperature":0},"keep_alive":-1}`,
+		Request{Format: OllamaChat, Model: "tiny", MaxTokens: 12, Stream: true, Text: msg("system", "S") + msg("user", "Hi")}},
+	{"ollama chat not streamed", `{"model":"tiny","messages":[{"role":"user","content":"Hi"}],"stream":false,"format":"json"}`,
+		Request{Format: OllamaChat, Model: "tiny", Text: msg("user", "Hi")}},
+	{"ollama chat images", `{"model":"tiny","messages":[{"role":"user","content":"What?","images":["iVBORw0KGgo=","/9j/4AAQ"]},{"role":"assistant","content":"","images":["AA=="]}],"think":false}`,
+		Request{Format: OllamaChat, Model: "tiny", Stream: true, Text: msg("user", "What?\n"+ph(`"iVBORw0KGgo="`)+"\n"+ph(`"/9j/4AAQ"`)) + msg("assistant", ph(`"AA=="`))}},
+	{"ollama chat tool calls", `{"model":"tiny","messages":[{"role":"assistant","content":"","tool_calls":[{"function":{"name":"f","arguments":{"city":"Paris"}}}]},{"role":"tool","content":"18"}],"options":{}}`,
+		Request{Format: OllamaChat, Model: "tiny", Stream: true, Text: msg("assistant", `f({"city":"Paris"})`) + msg("tool", "18")}},
+	{"ollama generate", `{"model":"tiny","system":"S","prompt":"Hi","options":{"num_predict":"7"}}`,
+		Request{Format: OllamaGenerate, Model: "tiny", MaxTokens: 7, Stream: true, Text: msg("system", "S") + msg("user", "Hi")}},
+	{"ollama generate keep_alive", `{"model":"tiny","prompt":"Hi","keep_alive":"5m","stream":false}`,
+		Request{Format: OllamaGenerate, Model: "tiny", Text: msg("user", "Hi")}},
+	{"ollama generate context images", `{"model":"tiny","context":[1,22,333],"images":["AA==","BB=="],"prompt":"And?"}`,
+		Request{Format: OllamaGenerate, Model: "tiny", Stream: true, Text: msg("context", "1 22 333") + msg("user", ph(`"AA=="`)) + msg("user", ph(`"BB=="`)) + msg("user", "And?")}},
+	{"ollama generate raw", `{"model":"tiny","raw":true,"prompt":"<|user|>Hi","system":"ignored","stream":true}`,
+		Request{Format: OllamaGenerate, Model: "tiny", Stream: true, Text: "<|user|>Hi"}},
+	{"ollama num_predict unbounded", `{"model":"tiny","prompt":"x","options":{"num_predict":-1}}`,
+		Request{Format: OllamaGenerate, Model: "tiny", Stream: true, Text: msg("user", "x")}},
+	{"ollama max_tokens wins", `{"model":"tiny","messages":[{"role":"user","content":"x"}],"max_tokens":5,"options":{"num_predict":9}}`,
+		Request{Format: OllamaChat, Model: "tiny", MaxTokens: 5, Stream: true, Text: msg("user", "x")}},
 	{"bad exponent", `{"prompt":"x","seed":1e+}`, Request{}},
 	{"bad number sign", `{"prompt":"x","seed":-}`, Request{}},
 	{"bad nested", `{"prompt":"x","meta":{"a":[1,2}}`, Request{}},
@@ -364,6 +387,8 @@ var prefixBodies = []string{
 	`{"model":"m","tools":[{"type":"function","function":{"name":"f"}}],"messages":[{"role":"system","content":"S"},{"role":"user","content":[{"type":"text","text":"q"},` + image + `]}]}`,
 	`{"system":"S","tools":[{"name":"f","input_schema":{"type":"object"}}],"messages":[{"role":"user","content":[{"type":"image","source":{"type":"base64","data":"AAAA"}},{"type":"text","text":"q"}]}]}`,
 	`{"input_ids":[[1,22],[333]],"sampling_params":{"max_new_tokens":3}}`,
+	`{"model":"tiny","messages":[{"role":"user","content":"q","images":["AAAA","BBBB"]},{"role":"assistant","content":"a","tool_calls":[{"function":{"name":"f","arguments":{"k":1}}}],"images":["CC"]}],"options":{"num_predict":4}}`,
+	`{"model":"tiny","raw":false,"context":[1,22,333],"system":"S","images":["AA==","BB=="],"prompt":"caf\u00e9","options":{"num_predict":4}}`,
 }
 
 // TestParsePrefix cuts bodies at every byte: each cut's Text is a prefix of the next cut's,

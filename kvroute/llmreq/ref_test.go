@@ -49,7 +49,20 @@ func refParseAs(body []byte, hint Format) (req Request, ok bool) {
 		if raw := top["sampling_params"]; len(raw) > 0 && raw[0] == '{' && json.Unmarshal(raw, &sp) == nil {
 			req.MaxTokens = refTokens(sp["max_new_tokens"])
 		}
+		if raw := top["options"]; req.MaxTokens == 0 && len(raw) > 0 && raw[0] == '{' && json.Unmarshal(raw, &sp) == nil {
+			req.MaxTokens = refTokens(sp["num_predict"])
+		}
 	}
+	ollama := false
+	for _, k := range []string{"options", "keep_alive", "format", "think", "template", "raw", "images", "context"} {
+		_, ok := top[k]
+		ollama = ollama || ok
+	}
+	defer func() {
+		if req.Format == OllamaChat || req.Format == OllamaGenerate {
+			req.Stream = string(top["stream"]) != "false"
+		}
+	}()
 	_, anthropic := top["anthropic_version"]
 	anthropic = anthropic || hint == Messages
 	if _, ok := top["stop_sequences"]; ok {
@@ -137,6 +150,16 @@ func refParseAs(body []byte, hint Format) (req Request, ok bool) {
 				}
 				sb.WriteString(strings.Join(calls, "\n"))
 			}
+			var images []json.RawMessage
+			if first(m["images"]) == '[' {
+				json.Unmarshal(m["images"], &images)
+			}
+			for i, e := range images {
+				if i > 0 || content != "" || len(calls) > 0 {
+					sb.WriteString("\n")
+				}
+				sb.WriteString(refPlaceholder(e))
+			}
 			sb.WriteString("\x1e")
 		}
 		return sb.String(), objects
@@ -151,9 +174,46 @@ func refParseAs(body []byte, hint Format) (req Request, ok bool) {
 		req.Format = Chat
 		if anthropic {
 			req.Format = Messages
+		} else if ollama || hint == OllamaChat {
+			req.Format = OllamaChat
 		}
 		req.Text = head(sys, hasSys) + text
 		return req, true
+	}
+	if prompt, ok := refPrompt(top["prompt"]); ok {
+		c := first(top["system"])
+		if hasSys := c == '"' || c == '['; ollama || hasSys || hint == OllamaGenerate {
+			req.Format = OllamaGenerate
+			if string(top["raw"]) == "true" {
+				req.Text = prompt
+				return req, true
+			}
+			var sb strings.Builder
+			if first(top["context"]) == '[' {
+				var ids []json.RawMessage
+				json.Unmarshal(top["context"], &ids)
+				var nums []string
+				for _, id := range ids {
+					if c := first(id); c == '-' || c >= '0' && c <= '9' {
+						nums = append(nums, string(id))
+					}
+				}
+				sb.WriteString("context\x1f" + strings.Join(nums, " ") + "\x1e")
+			}
+			if hasSys {
+				sb.WriteString("system\x1f" + refContent(top["system"], 0, &anthropic) + "\x1e")
+			}
+			var images []json.RawMessage
+			if first(top["images"]) == '[' {
+				json.Unmarshal(top["images"], &images)
+			}
+			for _, e := range images {
+				sb.WriteString("user\x1f" + refPlaceholder(e) + "\x1e")
+			}
+			sb.WriteString("user\x1f" + prompt + "\x1e")
+			req.Text = sb.String()
+			return req, true
+		}
 	}
 	responses := hint == Responses
 	for _, k := range []string{"instructions", "max_output_tokens", "previous_response_id", "reasoning", "include", "conversation", "truncation", "max_tool_calls"} {
@@ -177,55 +237,69 @@ func refParseAs(body []byte, hint Format) (req Request, ok bool) {
 		key    string
 		format Format
 	}{{"prompt", Completion}, {"text", Generate}, {"input_ids", Generate}} {
-		raw := top[f.key]
-		if s, ok := str(raw); ok {
-			req.Format, req.Text = f.format, s
+		if text, ok := refPrompt(top[f.key]); ok {
+			req.Format, req.Text = f.format, text
 			return req, true
 		}
-		if first(raw) != '[' {
-			continue
-		}
-		var elems []json.RawMessage
-		json.Unmarshal(raw, &elems)
-		var sb strings.Builder
-		prev := byte(0)
-		for _, e := range elems {
-			kind := first(e)
-			if kind == '-' || kind >= '0' && kind <= '9' {
-				kind = '0'
-			}
-			if kind != '"' && kind != '0' && kind != '[' {
-				continue
-			}
-			switch {
-			case prev == '0' && kind == '0':
-				sb.WriteString(" ")
-			case prev != 0:
-				sb.WriteString("\n")
-			}
-			prev = kind
-			switch kind {
-			case '"':
-				s, _ := str(e)
-				sb.WriteString(s)
-			case '0':
-				sb.Write(e)
-			case '[':
-				var ids []json.RawMessage
-				json.Unmarshal(e, &ids)
-				var nums []string
-				for _, id := range ids {
-					if c := first(id); c == '-' || c >= '0' && c <= '9' {
-						nums = append(nums, string(id))
-					}
-				}
-				sb.WriteString(strings.Join(nums, " "))
-			}
-		}
-		req.Format, req.Text = f.format, sb.String()
-		return req, true
 	}
 	return req, true
+}
+
+// refPrompt is the text of a completion prompt or a /generate text: a string, or an array's
+// strings, numbers and arrays of numbers; ok is false for any other value.
+func refPrompt(raw json.RawMessage) (string, bool) {
+	first := func(raw json.RawMessage) byte {
+		if len(raw) == 0 {
+			return 0
+		}
+		return raw[0]
+	}
+	var s string
+	if first(raw) == '"' && json.Unmarshal(raw, &s) == nil {
+		return s, true
+	}
+	if first(raw) != '[' {
+		return "", false
+	}
+	var elems []json.RawMessage
+	json.Unmarshal(raw, &elems)
+	var sb strings.Builder
+	prev := byte(0)
+	for _, e := range elems {
+		kind := first(e)
+		if kind == '-' || kind >= '0' && kind <= '9' {
+			kind = '0'
+		}
+		if kind != '"' && kind != '0' && kind != '[' {
+			continue
+		}
+		switch {
+		case prev == '0' && kind == '0':
+			sb.WriteString(" ")
+		case prev != 0:
+			sb.WriteString("\n")
+		}
+		prev = kind
+		switch kind {
+		case '"':
+			var s string
+			json.Unmarshal(e, &s)
+			sb.WriteString(s)
+		case '0':
+			sb.Write(e)
+		case '[':
+			var ids []json.RawMessage
+			json.Unmarshal(e, &ids)
+			var nums []string
+			for _, id := range ids {
+				if c := first(id); c == '-' || c >= '0' && c <= '9' {
+					nums = append(nums, string(id))
+				}
+			}
+			sb.WriteString(strings.Join(nums, " "))
+		}
+	}
+	return sb.String(), true
 }
 
 func refContent(raw json.RawMessage, level int, anthropic *bool) string {
@@ -370,7 +444,9 @@ func prefixSafe(body []byte) bool {
 
 // textOrder gives the top-level keys whose text comes in this order: a key seen after one of a
 // later group voids the prefix promise for truncated bodies.
-var textOrder = map[string]int{"system": 1, "instructions": 1, "tools": 2, "messages": 3, "input": 3}
+// Ollama's /api/generate: raw decides whether the rest counts, then the context, the system
+// prompt, the images and the prompt.
+var textOrder = map[string]int{"raw": 1, "context": 2, "system": 3, "instructions": 3, "tools": 4, "messages": 5, "input": 5, "images": 6, "prompt": 7}
 
 // promptRank is which of a completion's or generate request's text fields wins (higher first):
 // a cut body that stops before a winning field routes on a losing one read before it.

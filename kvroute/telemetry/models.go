@@ -48,12 +48,17 @@ type ModelList struct {
 	Dropped int `json:"dropped,omitempty"`
 }
 
-// Find returns the entry of id (Models is sorted by id).
+// Find returns the entry of id (Models is sorted by id). An id without a tag also finds its
+// ":latest" entry: Ollama lists tiny:latest and serves "tiny" as that model.
 func (l *ModelList) Find(id string) (ServedModel, bool) {
 	if l == nil {
 		return ServedModel{}, false
 	}
-	i, ok := slices.BinarySearchFunc(l.Models, id, func(m ServedModel, id string) int { return strings.Compare(m.ID, id) })
+	cmp := func(m ServedModel, id string) int { return strings.Compare(m.ID, id) }
+	i, ok := slices.BinarySearchFunc(l.Models, id, cmp)
+	if !ok && id != "" && !strings.Contains(id, ":") {
+		i, ok = slices.BinarySearchFunc(l.Models, id+":latest", cmp)
+	}
 	if !ok {
 		return ServedModel{}, false
 	}
@@ -68,7 +73,7 @@ func (l *ModelList) IsAdapter(id string) bool {
 
 // ParseModels reads an OpenAI model list: {"object": "list", "data": [{"id": ..., "parent":
 // ..., "root": ..., "max_model_len": ...}, ...]} (vLLM, SGLang, llama.cpp, TGI, llm-d's
-// simulator). Fields other than these are ignored; an entry with an empty or overlong id is
+// simulator, Ollama). Fields other than these are ignored; an entry with an empty or overlong id is
 // dropped and counted; duplicates count once. The page must be at most MaxModelsBytes.
 func ParseModels(page []byte) (ModelList, error) {
 	if len(page) > MaxModelsBytes {

@@ -308,3 +308,22 @@ func TestScraperReadsModelsAgainAfterRestart(t *testing.T) {
 		t.Errorf("%d reads of the list, want 2", n)
 	}
 }
+
+// TestModelListOllama: Ollama lists a model with its tag (tiny:latest, as v0.6.5's /v1/models
+// answers), and serves "tiny" as tiny:latest: Find names it either way.
+func TestModelListOllama(t *testing.T) {
+	page := `{"object":"list","data":[{"id":"tiny:latest","object":"model","created":1796460909,"owned_by":"library"},` +
+		`{"id":"llama3.2:3b","object":"model","created":1796460909,"owned_by":"library"}]}`
+	l, err := ParseModels([]byte(page))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for id, want := range map[string]bool{
+		"tiny": true, "tiny:latest": true, "llama3.2:3b": true,
+		"llama3.2": false, "tin": false, "tiny:7b": false, "": false,
+	} {
+		if _, got := l.Find(id); got != want {
+			t.Errorf("Find(%q) = %v, want %v", id, got, want)
+		}
+	}
+}

@@ -88,7 +88,7 @@ func parseFlags(args []string) (*config, error) {
 	cfg := &config{chat: workload.DefaultChat}
 	fs := flag.NewFlagSet("demo", flag.ContinueOnError)
 	fs.StringVar(&cfg.caddy, "caddy", "", "Caddy binary with kvroute built in (required; ./xcaddy.sh build makes ./caddy, ./xcaddy.sh demo makes ./caddy-demo with the peer policies)")
-	fs.StringVar(&cfg.fleet, "fleet", "sim", "worker fleet: sim (our simulator, in process) or llmd (llm-d-inference-sim processes, built on first use)")
+	fs.StringVar(&cfg.fleet, "fleet", "sim", "worker fleet: sim (our simulator, in process), llmd (llm-d-inference-sim processes, built on first use) or ollama (real Ollama engines serving a tiny model, CPU-only: examples/ollama, built on first use)")
 	fs.IntVar(&cfg.workers, "workers", 4, "workers in the fleet")
 	fs.IntVar(&cfg.blocks, "cache-blocks", 0, fmt.Sprintf("prefix cache per worker in 16-token blocks (default: chat %d, mooncake %d)", chatBlocksPerWorker, mooncakeBlocksPerWorker))
 	fs.Float64Var(&cfg.speed, "speed", 0, fmt.Sprintf("sim fleet: simulated time runs this many times faster (default: chat 1, mooncake %d)", mooncakeSpeed))
@@ -167,8 +167,8 @@ func (c *config) finish() error {
 	if c.caddy == "" {
 		return errors.New("-caddy is required: the Caddy binary to run (./xcaddy.sh build makes ./caddy)")
 	}
-	if c.fleet != "sim" && c.fleet != "llmd" {
-		return fmt.Errorf("-fleet: want sim or llmd, got %q", c.fleet)
+	if c.fleet != "sim" && c.fleet != "llmd" && c.fleet != "ollama" {
+		return fmt.Errorf("-fleet: want sim, llmd or ollama, got %q", c.fleet)
 	}
 	if c.sideLoad < 0 {
 		return errors.New("-side-load must be >= 0")
@@ -206,8 +206,11 @@ func (c *config) finish() error {
 	case "chat":
 		if c.blocks == 0 {
 			c.blocks = chatBlocksPerWorker
-			if c.fleet == "llmd" {
+			switch c.fleet {
+			case "llmd":
 				c.blocks = llmdChatBlocks
+			case "ollama":
+				c.blocks = ollamaParallel * ollamaContext / 16 // what its slots hold
 			}
 		}
 		if c.speed == 0 {

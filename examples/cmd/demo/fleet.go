@@ -39,8 +39,11 @@ type fleet interface {
 
 // startFleet starts the fleet -fleet names.
 func startFleet(ctx context.Context, cfg *config) (fleet, error) {
-	if cfg.fleet == "llmd" {
+	switch cfg.fleet {
+	case "llmd":
 		return startLLMDFleet(ctx, cfg)
+	case "ollama":
+		return startOllamaFleet(ctx, cfg)
 	}
 	return startSimFleet(cfg)
 }

@@ -160,6 +160,9 @@ func footnotes(results []*policyResult, cfg *config) []string {
 	if cfg.restartAt > 0 {
 		notes = append(notes, fmt.Sprintf("w0 restarted with an empty cache %v into each run.", cfg.restartAt))
 	}
+	if cfg.fleet == "ollama" {
+		notes = append(notes, "Ollama reports no cached tokens: the hit ratio reads 0 for every policy; compare the TTFT (the reference is our simulator's blocks, indicative only).")
+	}
 	for _, r := range results {
 		if r.Policy != "header" {
 			continue

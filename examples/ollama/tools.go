@@ -1,0 +1,5 @@
+//go:build tools
+
+package ollama
+
+import _ "github.com/ollama/ollama"
