@@ -95,3 +95,35 @@ func TestDisaggregateDecodedStreamBounded(t *testing.T) {
 		t.Fatalf("the decode engine read %d whole bodies, want 1 (not the one over the bound)", n)
 	}
 }
+
+// A decode engine that sends its header (a Content-Length and a header of its own) and breaks
+// off before its first byte of body: the client gets a clean 502 with none of the decode
+// answer's headers (with its Content-Length the 502 was a broken answer; found by review).
+func TestDisaggregateSGLangDecodeCutLeavesNoHeaders(t *testing.T) {
+	pre := newSGEngine(t)
+	dec := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/metrics" {
+			http.NotFound(w, r)
+			return
+		}
+		io.Copy(io.Discard, r.Body)
+		w.Header().Set("X-Decode-Engine", "d1")
+		w.Header().Set("Content-Length", "1000")
+		w.WriteHeader(http.StatusOK)
+		w.(http.Flusher).Flush()
+		panic(http.ErrAbortHandler)
+	}))
+	t.Cleanup(dec.Close)
+	startCaddy(t, pdConfig(pre.addr(), strings.TrimPrefix(dec.URL, "http://"), "protocol sglang", ""))
+	client := &http.Client{Timeout: 15 * time.Second}
+	resp, err := client.Post(baseURL+"/v1/chat/completions", "application/json", strings.NewReader(longChat(false, "")))
+	if err != nil {
+		t.Fatalf("POST: %v", err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusBadGateway || err != nil || resp.Header.Get("X-Decode-Engine") != "" {
+		t.Fatalf("a decode answer cut before its body: status %d, X-Decode-Engine %q, Content-Length %d, body %q (read error %v); want a clean 502 without the decode answer's headers",
+			resp.StatusCode, resp.Header.Get("X-Decode-Engine"), resp.ContentLength, body, err)
+	}
+}

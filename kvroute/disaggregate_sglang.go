@@ -367,6 +367,7 @@ func (d *Disaggregate) serveSGLang(w http.ResponseWriter, r *http.Request, next 
 			select {
 			case <-gate.committed:
 			case <-t.C:
+			case <-pctx.Done(): // the client left: nothing to wait for
 			}
 			t.Stop()
 			if gate.abort() {
@@ -427,6 +428,9 @@ func (d *Disaggregate) serveSGLang(w http.ResponseWriter, r *http.Request, next 
 	}
 	holdBody(r, lr, body)
 	lr.leg = legDecode
+	// The decode answer's headers go into w's as the proxy reads them, before the gate knows
+	// whether the answer is the client's: an answer the gate stopped leaves them behind.
+	saved := w.Header().Clone()
 	decodeErr := decodeLeg(gate, next, r.WithContext(dctx))
 	if decodeErr == nil {
 		gate.release() // a 2xx answer without a body: its header goes now
@@ -442,6 +446,11 @@ func (d *Disaggregate) serveSGLang(w http.ResponseWriter, r *http.Request, next 
 	}
 	pcancel()
 	<-prefillDone
+	if gate.aborted() || errors.Is(decodeErr, errDecodeCut) {
+		// Nothing of the decode answer went out: none of its headers (a Content-Length of
+		// its own would make the error below a broken answer).
+		restoreHeader(w.Header(), saved)
+	}
 	if gate.aborted() && refused && r.Context().Err() == nil {
 		d.count(disaggSplit)
 		return rec.answer(w)
@@ -459,6 +468,16 @@ func (d *Disaggregate) serveSGLang(w http.ResponseWriter, r *http.Request, next 
 		return caddyhttp.Error(http.StatusBadGateway, decodeErr)
 	}
 	return decodeErr
+}
+
+// restoreHeader makes h what it was (saved).
+func restoreHeader(h, saved http.Header) {
+	for k := range h {
+		delete(h, k)
+	}
+	for k, v := range saved {
+		h[k] = v
+	}
 }
 
 var errDecodeCut = errors.New("llm_disaggregate: the decode answer broke off before its first byte of body")
