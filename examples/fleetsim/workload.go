@@ -3,6 +3,7 @@ package fleetsim
 import (
 	"fmt"
 	"github.com/kvroute/caddy-kvroute/examples/llmsim/engine"
+	"github.com/kvroute/caddy-kvroute/examples/workload"
 	"hash/fnv"
 	"math"
 	"strconv"
@@ -74,13 +75,6 @@ type textKey struct {
 	full int // the text's whole length in chars
 }
 
-var words = strings.Fields(`the a of and to in is that for it as with was on be by at this
-from or an are which have not has but had were their they one all can there been if more when
-will would who so no model token cache prefix request server batch memory layer attention
-router upstream latency energy prompt context window decode prefill kernel tensor weight
-system user assistant answer question document section table figure result method data
-value function return error state time first last next number order level group point`)
-
 // segmentText returns n chars of segment id's text: a marker unique to the id, then words drawn
 // from the id, the same in every run. The text of fewer chars is a prefix of the longer.
 func segmentText(id uint64, chars int, full int) string {
@@ -93,16 +87,7 @@ func segmentText(id uint64, chars int, full int) string {
 	sb.WriteString("[")
 	sb.WriteString(strconv.FormatUint(id%1e12, 36))
 	sb.WriteString("] ")
-	s := id
-	for sb.Len() < full {
-		s = splitmix(s)
-		sb.WriteString(words[s%uint64(len(words))])
-		if s>>32%13 == 0 {
-			sb.WriteString(". ")
-		} else {
-			sb.WriteByte(' ')
-		}
-	}
+	workload.AppendWords(&sb, id, full)
 	t := sb.String()[:full]
 	texts.Store(k, t)
 	return t[:chars]
@@ -145,12 +130,7 @@ func hashString(s string) uint64 {
 	return h.Sum64()
 }
 
-func splitmix(x uint64) uint64 {
-	x += 0x9E3779B97F4A7C15
-	x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9
-	x = (x ^ (x >> 27)) * 0x94D049BB133111EB
-	return x ^ (x >> 31)
-}
+var splitmix = workload.Splitmix
 
 // rng is a small deterministic generator (splitmix64): results must not change with the Go
 // version, which math/rand does not promise.

@@ -149,7 +149,7 @@ func text(seed uint64, prefix string, n int) string {
 	sb.Grow(n + 16)
 	sb.WriteString(prefix)
 	for sb.Len() < n {
-		seed = splitmix(seed)
+		seed = Splitmix(seed)
 		sb.WriteString(words[seed%uint64(len(words))])
 		if seed>>32%11 == 0 {
 			sb.WriteString(". ")
@@ -165,12 +165,12 @@ func text(seed uint64, prefix string, n int) string {
 type rng struct{ s uint64 }
 
 func newRNG(seed, stream uint64) *rng {
-	return &rng{s: splitmix(seed ^ splitmix(stream+0x5851F42D4C957F2D))}
+	return &rng{s: Splitmix(seed ^ Splitmix(stream+0x5851F42D4C957F2D))}
 }
 
 func (r *rng) next() uint64 {
 	r.s += 0x9E3779B97F4A7C15
-	return splitmix(r.s)
+	return Splitmix(r.s)
 }
 
 // intn returns a uniform int in [0, n).

@@ -131,23 +131,29 @@ func Block(id int) string {
 	sb.WriteString("[block ")
 	sb.WriteString(strconv.Itoa(id))
 	sb.WriteString("] ")
-	s := uint64(id)*0x9E3779B97F4A7C15 + 0x632BE59BD9B4E019
-	for sb.Len() < BlockChars {
-		s = splitmix(s)
-		w := words[s%uint64(len(words))]
-		sb.WriteString(w)
+	AppendWords(&sb, uint64(id)*0x9E3779B97F4A7C15+0x632BE59BD9B4E019, BlockChars)
+	b := sb.String()[:BlockChars]
+	blocks.Store(id, b)
+	return b
+}
+
+// AppendWords appends to sb words drawn from the state s (splitmix64), a sentence's end now and
+// then, until sb holds at least until bytes: the same words for the same s, in every process.
+func AppendWords(sb *strings.Builder, s uint64, until int) {
+	for sb.Len() < until {
+		s = Splitmix(s)
+		sb.WriteString(words[s%uint64(len(words))])
 		if s>>32%13 == 0 {
 			sb.WriteString(". ")
 		} else {
 			sb.WriteByte(' ')
 		}
 	}
-	b := sb.String()[:BlockChars]
-	blocks.Store(id, b)
-	return b
 }
 
-func splitmix(x uint64) uint64 {
+// Splitmix is one step of splitmix64: a deterministic generator whose results do not change
+// with the Go version, which math/rand does not promise.
+func Splitmix(x uint64) uint64 {
 	x += 0x9E3779B97F4A7C15
 	x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9
 	x = (x ^ (x >> 27)) * 0x94D049BB133111EB
