@@ -104,7 +104,8 @@ func (c *sentCounts) sent(model string, chars, matched int) {
 		if m != nil {
 			c.mixed.Store(true)
 		}
-		c.model.Store(&model)
+		m := model // escapes only here, when the model changes: not on every request
+		c.model.Store(&m)
 	}
 }
 
@@ -447,14 +448,19 @@ func (s *state) learnChars(addr, model string, d *telemetry.Delta, dSent [3]int6
 		// Model names come from clients: only a model the engine lists, and a bounded number
 		// of them. (From its first interval on, even one whose tokens the engine has not
 		// counted yet: left out, those chars would come back as tokens without chars.)
-		if !s.listedModel(addr, model) {
+		// Requests that name no model share the one tree named "": one entry, never junk.
+		if model != "" && !s.listedModel(addr, model) {
 			return
 		}
 		if s.nLearnedChars.Load() >= maxLearnedModels && !s.evictUnlearned() {
 			return
 		}
+		// touched is set before the entry is visible: a concurrent eviction (each upstream's
+		// reader learns on its own goroutine) never takes a new entry for the oldest.
+		fresh := &modelChars{}
+		fresh.touched.Store(time.Now().UnixNano())
 		var loaded bool
-		if v, loaded = s.learnedChars.LoadOrStore(model, &modelChars{}); !loaded {
+		if v, loaded = s.learnedChars.LoadOrStore(model, fresh); !loaded {
 			s.nLearnedChars.Add(1)
 		}
 	}

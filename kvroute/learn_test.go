@@ -712,3 +712,18 @@ func TestCharsPerTokenTableEvictsUnlearned(t *testing.T) {
 		t.Error("a model the engine does not list took a place")
 	}
 }
+
+// TestCharsPerTokenNoModel: requests that name no model (llama.cpp's /completion, SGLang's
+// /generate) learn the chars per token of the tree named "": no engine lists "", yet it is one
+// entry and never a client's junk. Found by review: it stayed at the prior of 4 for ever.
+func TestCharsPerTokenNoModel(t *testing.T) {
+	s := newState()
+	listModels(s, "e:1", "some-model")
+	big := &telemetry.Delta{Seconds: 1, PromptTokens: minCharsTokens, Known: telemetry.HasPromptTokens}
+	for range minCharsIntervals {
+		s.learnChars("e:1", "", big, [3]int64{1, 7 * minCharsTokens, 0}, 7*minCharsTokens)
+	}
+	if c := s.charsPerToken(""); c != 7 {
+		t.Fatalf("requests without a model learned %v chars per token, want 7", c)
+	}
+}
