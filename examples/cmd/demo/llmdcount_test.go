@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/kvroute/caddy-kvroute/examples/llmsim"
 	"github.com/kvroute/caddy-kvroute/examples/replay"
@@ -88,8 +89,14 @@ func TestLlmdOwnCount(t *testing.T) {
 				if resp.StatusCode != http.StatusOK {
 					t.Fatalf("%s call %d: %s", name, calls, resp.Status)
 				}
-				got := total() - before
 				want := float64(llmdPrompt(c, 16).Tokens)
+				// llm-d updates its counters on a goroutine of its own after the answer: wait
+				// for the total to move (a bound; a wrong count still fails below).
+				got := total() - before
+				for deadline := time.Now().Add(3 * time.Second); got == 0 && time.Now().Before(deadline); {
+					time.Sleep(10 * time.Millisecond)
+					got = total() - before
+				}
 				if got != want || float64(usage.Usage.PromptTokens) != got {
 					t.Errorf("%s call %d: llm-d counted %v prompt tokens (usage %d), the emulation %v", name, calls, got, usage.Usage.PromptTokens, want)
 				}
