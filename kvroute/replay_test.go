@@ -63,7 +63,7 @@ func (rp *replayRun) body(q replayReq) (string, string) {
 		model = "m"
 	}
 	if q.prevResp != "" {
-		return "/v1/responses", fmt.Sprintf(`{"model":%q,"input":%q,"previous_response_id":%q}`, model, q.prompt, q.prevResp)
+		return "/v1/responses", fmt.Sprintf(`{"model":%q,"input":%q,"previous_response_id":%q,"stream":true}`, model, q.prompt, q.prevResp)
 	}
 	extra := ""
 	if q.maxTokens > 0 {
@@ -72,7 +72,11 @@ func (rp *replayRun) body(q replayReq) (string, string) {
 	if q.cacheKey != "" {
 		extra += fmt.Sprintf(`,"prompt_cache_key":%q`, q.cacheKey)
 	}
-	return "/v1/chat/completions", fmt.Sprintf(`{"model":%q,"messages":[{"role":"user","content":%q}]%s}`, model, q.prompt, extra)
+	// Streamed: with feedback (feedbackFor) a streamed request's queued prefill counts until
+	// its first token or its end, whatever the wall clock says, as every request's did when
+	// the golden file was recorded; a non-streamed one's now leaves at its predicted first
+	// token (issue 32), a wall-clock deadline that a loaded machine can pass mid-scene.
+	return "/v1/chat/completions", fmt.Sprintf(`{"model":%q,"messages":[{"role":"user","content":%q}],"stream":true%s}`, model, q.prompt, extra)
 }
 
 func (rp *replayRun) request(q replayReq) (*http.Request, context.CancelFunc) {
