@@ -301,7 +301,7 @@ func (f *llmdFleet) Close() error {
 // llmdClient is an HTTP client that adds "ignore_eos": true to every JSON request body, so
 // that llm-d's simulator answers max_tokens tokens as our workload expects.
 func llmdClient(conns int) *http.Client {
-	return &http.Client{Transport: ignoreEOS{&http.Transport{
+	return &http.Client{Transport: rewriteBody{edit: withIgnoreEOS, next: &http.Transport{
 		DialContext:         (&net.Dialer{Timeout: 30 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
 		MaxIdleConnsPerHost: conns,
 		IdleConnTimeout:     90 * time.Second,
@@ -309,10 +309,13 @@ func llmdClient(conns int) *http.Client {
 	}}}
 }
 
-// ignoreEOS rewrites JSON object bodies to start with "ignore_eos":true.
-type ignoreEOS struct{ next http.RoundTripper }
+// rewriteBody rewrites the bodies of POST requests with edit before next sends them.
+type rewriteBody struct {
+	next http.RoundTripper
+	edit func([]byte) []byte
+}
 
-func (t ignoreEOS) RoundTrip(req *http.Request) (*http.Response, error) {
+func (t rewriteBody) RoundTrip(req *http.Request) (*http.Response, error) {
 	if req.Body == nil || req.Method != http.MethodPost {
 		return t.next.RoundTrip(req)
 	}
@@ -321,7 +324,7 @@ func (t ignoreEOS) RoundTrip(req *http.Request) (*http.Response, error) {
 	if err != nil {
 		return nil, err
 	}
-	body = withIgnoreEOS(body)
+	body = t.edit(body)
 	r := req.Clone(req.Context())
 	r.Body = io.NopCloser(bytes.NewReader(body))
 	r.ContentLength = int64(len(body))

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"os"
@@ -105,7 +104,7 @@ func (o *ollamaFleet) PrefillSpeeds() []float64 { return o.speed }
 
 // Client caps every request's answer at ollamaMaxTokens.
 func (o *ollamaFleet) Client(conns int) *http.Client {
-	return &http.Client{Transport: capTokens{&http.Transport{
+	return &http.Client{Transport: rewriteBody{edit: withMaxTokens, next: &http.Transport{
 		DialContext:         (&net.Dialer{Timeout: 30 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
 		MaxIdleConnsPerHost: conns,
 		IdleConnTimeout:     90 * time.Second,
@@ -132,25 +131,11 @@ func (o *ollamaFleet) Fresh(ctx context.Context) error {
 func (o *ollamaFleet) Restart(ctx context.Context, i int) error { return o.f.Restart(ctx, i) }
 func (o *ollamaFleet) Close() error                             { return o.f.Close() }
 
-// capTokens sets max_tokens in JSON object bodies: a last member, which wins (encoding/json
-// and kvroute both take the last of a duplicated key).
-type capTokens struct{ next http.RoundTripper }
-
-func (t capTokens) RoundTrip(req *http.Request) (*http.Response, error) {
-	if req.Body == nil || req.Method != http.MethodPost {
-		return t.next.RoundTrip(req)
-	}
-	body, err := io.ReadAll(req.Body)
-	req.Body.Close()
-	if err != nil {
-		return nil, err
-	}
+// withMaxTokens sets max_tokens in a JSON object body: a last member, which wins
+// (encoding/json and kvroute both take the last of a duplicated key).
+func withMaxTokens(body []byte) []byte {
 	if trimmed := bytes.TrimRight(body, " \t\r\n"); len(trimmed) > 2 && trimmed[len(trimmed)-1] == '}' {
-		body = append(trimmed[:len(trimmed)-1:len(trimmed)-1], fmt.Sprintf(`,"max_tokens":%d}`, ollamaMaxTokens)...)
+		return append(trimmed[:len(trimmed)-1:len(trimmed)-1], fmt.Sprintf(`,"max_tokens":%d}`, ollamaMaxTokens)...)
 	}
-	r := req.Clone(req.Context())
-	r.Body = io.NopCloser(bytes.NewReader(body))
-	r.ContentLength = int64(len(body))
-	r.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
-	return t.next.RoundTrip(r)
+	return body
 }
