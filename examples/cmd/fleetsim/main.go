@@ -31,7 +31,18 @@ func main() {
 	tune := flag.String("options", "", "with -diagnose: change the decision's options, comma-separated: cache_threshold=X, balance_abs=N, balance_rel=X, on_imbalance=least_busy|prefix_in_band, fallback=joule|least_busy|round_robin|random")
 	diagnose := flag.Bool("diagnose", false, "instead of the card: diagnose kvroute's decisions (kv_thresholds, kv_cost) on the chosen scenarios and seeds: per decision path, how often a full engine was chosen while another was free")
 	requests := flag.Int("requests", 0, "cap every scenario's requests (a quick look; the card's figures are for the full counts)")
+	only := flag.String("policies", "", "run only the policies whose name matches this regular expression (with -compare's -base, a card of kvroute's policies alone can be judged)")
+	compare := flag.String("compare", "", "instead of running: judge scorecard.json files against issue 34's targets (medians over seeds; BEFORE[,AFTER]: both, and the change)")
+	policy := flag.String("policy", "kv_cache_aware", "with -compare: the policy judged")
+	base := flag.String("base", "", "with -compare: a scorecard.json to take the baselines and the oracle from where a card lacks them")
 	flag.Parse()
+	if *compare != "" {
+		if err := compareCards(*compare, *base, *policy); err != nil {
+			fmt.Fprintf(os.Stderr, "fleetsim: %v\n", err)
+			os.Exit(1)
+		}
+		return
+	}
 	if *list {
 		for _, sc := range fleetsim.Scenarios() {
 			fmt.Println(sc.Name)
@@ -79,6 +90,27 @@ func main() {
 		os.Exit(2)
 	}
 	opts := fleetsim.Options{Seeds: *seeds, Parallel: *parallel, Default: *def, Log: os.Stderr, MaxRequests: *requests}
+	if *only != "" {
+		re, err := regexp.Compile(*only)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "fleetsim: -policies: %v\n", err)
+			os.Exit(2)
+		}
+		rule, ok := fleetsim.ParseRule(*def)
+		if !ok {
+			fmt.Fprintf(os.Stderr, "fleetsim: -default: want thresholds or cost, got %q\n", *def)
+			os.Exit(2)
+		}
+		for _, p := range fleetsim.PoliciesWith(rule) {
+			if re.MatchString(p.Name) {
+				opts.Policies = append(opts.Policies, p)
+			}
+		}
+		if len(opts.Policies) == 0 {
+			fmt.Fprintln(os.Stderr, "fleetsim: -policies matches no policy")
+			os.Exit(2)
+		}
+	}
 	if *scen != "" {
 		re, err := regexp.Compile(*scen)
 		if err != nil {
@@ -147,4 +179,42 @@ func parseTune(spec string) (func(*decide.Options), error) {
 			set(o)
 		}
 	}, nil
+}
+
+// compareCards judges one or two scorecards (comma-separated paths: directories hold a
+// scorecard.json) against issue 34's targets.
+func compareCards(list, base, policy string) error {
+	read := func(p string) (*fleetsim.Card, error) {
+		if st, err := os.Stat(p); err == nil && st.IsDir() {
+			p = filepath.Join(p, "scorecard.json")
+		}
+		return fleetsim.ReadCard(p)
+	}
+	var b *fleetsim.Card
+	if base != "" {
+		var err error
+		if b, err = read(base); err != nil {
+			return err
+		}
+	}
+	var as []*fleetsim.Assessment
+	for _, p := range strings.Split(list, ",") {
+		c, err := read(p)
+		if err != nil {
+			return err
+		}
+		a, err := fleetsim.Assess(c, b, policy)
+		if err != nil {
+			return fmt.Errorf("%s: %w", p, err)
+		}
+		fmt.Printf("== %s (default %s)\n", p, c.Default)
+		a.Write(os.Stdout)
+		fmt.Println()
+		as = append(as, a)
+	}
+	if len(as) == 2 {
+		fmt.Println("== change")
+		fleetsim.WriteDiff(os.Stdout, as[0], as[1])
+	}
+	return nil
 }
