@@ -541,13 +541,19 @@ func (k *kvRouter) setLimits() {
 
 // KVPolicies are kvroute's decisions as policies: kv_cache_aware (def, kvroute's default
 // decision: decide.DefaultRule), kv_thresholds and kv_cost (objective latency), each with
-// kvroute's default options.
-func KVPolicies(def decide.Rule) []Policy {
+// kvroute's default options, changed by tune when given (an experiment).
+func KVPolicies(def decide.Rule, tune ...func(*decide.Options)) []Policy {
 	mk := func(name string, rule decide.Rule) Policy {
 		// kv_cache_aware draws from the same stream as the policy of its decision: the two
 		// make the same choices.
 		stream := "kv_" + RuleName(rule)
-		return Policy{name, func(seed uint64) Router { return newKVRouter(rule, stream, seed) }}
+		return Policy{name, func(seed uint64) Router {
+			k := newKVRouter(rule, stream, seed)
+			for _, t := range tune {
+				t(&k.opts)
+			}
+			return k
+		}}
 	}
 	return []Policy{mk("kv_cache_aware", def), mk("kv_thresholds", decide.Thresholds), mk("kv_cost", decide.Cost)}
 }

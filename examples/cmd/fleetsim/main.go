@@ -28,7 +28,7 @@ func main() {
 	def := flag.String("default", "", "the decision kvroute's kv_cache_aware runs: thresholds or cost (default: kvroute's own default)")
 	list := flag.Bool("list", false, "list the scenarios and exit")
 	slots := flag.Int("slots", 0, "with -diagnose: run every engine with this many batch slots (max_num_seqs) instead of the scenario's")
-	tune := flag.String("options", "", "with -diagnose: change the decision's options, comma-separated: cache_threshold=X, balance_abs=N, balance_rel=X, on_imbalance=least_busy|prefix_in_band, fallback=joule|least_busy|round_robin|random")
+	tune := flag.String("options", "", "change the decision's options of kvroute's policies (an experiment: -diagnose's and the card's), comma-separated: cache_threshold=X, balance_abs=N, balance_rel=X, on_imbalance=least_busy|prefix_in_band, fallback=joule|least_busy|round_robin|random")
 	diagnose := flag.Bool("diagnose", false, "instead of the card: diagnose kvroute's decisions (kv_thresholds, kv_cost) on the chosen scenarios and seeds: per decision path, how often a full engine was chosen while another was free")
 	requests := flag.Int("requests", 0, "cap every scenario's requests (a quick look; the card's figures are for the full counts)")
 	only := flag.String("policies", "", "run only the policies whose name matches this regular expression (with -compare's -base, a card of kvroute's policies alone can be judged)")
@@ -90,6 +90,18 @@ func main() {
 		os.Exit(2)
 	}
 	opts := fleetsim.Options{Seeds: *seeds, Parallel: *parallel, Default: *def, Log: os.Stderr, MaxRequests: *requests}
+	tuner, err := parseTune(*tune)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "fleetsim: -options: %v\n", err)
+		os.Exit(2)
+	}
+	var tunes []func(*decide.Options)
+	if tuner != nil {
+		tunes = append(tunes, tuner)
+	}
+	if *only == "" && tuner != nil {
+		*only = "."
+	}
 	if *only != "" {
 		re, err := regexp.Compile(*only)
 		if err != nil {
@@ -101,7 +113,7 @@ func main() {
 			fmt.Fprintf(os.Stderr, "fleetsim: -default: want thresholds or cost, got %q\n", *def)
 			os.Exit(2)
 		}
-		for _, p := range fleetsim.PoliciesWith(rule) {
+		for _, p := range append(fleetsim.KVPolicies(rule, tunes...), fleetsim.Baselines...) {
 			if re.MatchString(p.Name) {
 				opts.Policies = append(opts.Policies, p)
 			}
@@ -162,6 +174,14 @@ func parseTune(spec string) (func(*decide.Options), error) {
 			sets = append(sets, func(o *decide.Options) { o.BalanceAbs = int64(num) })
 		case k == "balance_rel" && numErr == nil:
 			sets = append(sets, func(o *decide.Options) { o.BalanceRel = num })
+		case k == "slot_rank" && numErr == nil:
+			sets = append(sets, func(o *decide.Options) { o.SlotRank = num != 0 })
+		case k == "rank_mode" && numErr == nil:
+			sets = append(sets, func(o *decide.Options) { o.RankMode = int(num) })
+		case k == "cold_slack" && numErr == nil:
+			sets = append(sets, func(o *decide.Options) { o.ColdSlack = num })
+		case k == "slot_move" && numErr == nil:
+			sets = append(sets, func(o *decide.Options) { o.SlotMove = num != 0 })
 		case k == "on_imbalance" && (v == "least_busy" || v == "prefix_in_band"):
 			sets = append(sets, func(o *decide.Options) { o.LeastBusyOnImbalance = v == "least_busy" })
 		case k == "fallback":
