@@ -1,0 +1,363 @@
+// Package flow is kvroute's router-side queue: the requests that wait at the router while
+// every engine that could serve them is full (late binding), and, with flow control, the order
+// in which they go when capacity frees: priority bands, then fair shares between tenants by
+// tokens served (the Virtual Token Counter of Sheng et al., OSDI 2024), then arrival order.
+//
+// It is pure (stdlib only, no clock, no locks, no goroutines): kvroute's Select (in Caddy,
+// under its own lock, on the wall clock) and the fleet simulator (on a virtual clock) run the
+// same queue. Timeouts are the caller's: it removes a request that waited too long (Remove).
+//
+// Without flow control every request is in band 0 of tenant "": requests go in arrival order
+// per model (a request whose model has no free capacity never holds up another model's).
+// With it, Next serves the highest band with a request that can go; inside a band, the tenant
+// with the fewest tokens served; inside a tenant, its earliest request that can go (order is
+// kept per tenant, band and model).
+package flow
+
+import "slices"
+
+// Config is a queue's settings.
+type Config struct {
+	// Bands is the number of priority bands, highest first (band 0); below 1: one band.
+	Bands int
+	// MaxQueued bounds the requests waiting, all flows together; MaxQueuedPerTenant each
+	// tenant's (0: no bound).
+	MaxQueued, MaxQueuedPerTenant int
+	// MaxTenants bounds the tenants remembered (their tokens served): beyond it, the idle
+	// tenants least recently seen are forgotten (DefaultMaxTenants when 0). A tenant that waits
+	// is never forgotten.
+	MaxTenants int
+}
+
+// DefaultMaxTenants is the tenants a queue remembers when its Config gives no bound.
+const DefaultMaxTenants = 10000
+
+// Verdict is what Push did with a request.
+type Verdict uint8
+
+const (
+	// Queued: the request waits.
+	Queued Verdict = iota
+	// Full: MaxQueued requests already wait.
+	Full
+	// TenantFull: MaxQueuedPerTenant requests of its tenant already wait.
+	TenantFull
+)
+
+var verdictNames = [...]string{"queued", "queue_full", "tenant_full"}
+
+func (v Verdict) String() string {
+	if int(v) < len(verdictNames) {
+		return verdictNames[v]
+	}
+	return "unknown"
+}
+
+// Item is one waiting request. The caller sets Model, Tenant, Band and Value before Push and
+// reads them back from Next; the rest is the queue's.
+type Item struct {
+	Model  string
+	Tenant string
+	Band   int // clamped to the queue's bands
+	Value  any // the caller's
+
+	seq        uint64
+	list       *fifo
+	prev, next *Item
+}
+
+// Waiting reports whether it is in a queue.
+func (it *Item) Waiting() bool { return it.list != nil }
+
+// fifo is one flow's requests for one model, in arrival order.
+type fifo struct {
+	model      string
+	tenant     *tenant
+	band       int
+	head, tail *Item
+	n          int
+}
+
+// tenant is one fairness id's counter and its waiting requests.
+type tenant struct {
+	name   string
+	served float64 // tokens served, as the Virtual Token Counter counts them
+	seen   uint64  // the queue's clock when it last pushed or was served
+	queued int     // requests waiting, all bands
+	// flows are its non-empty fifos, per band.
+	flows [][]*fifo
+}
+
+// Queue is the router-side queue. It is not safe for concurrent use: the caller locks.
+type Queue struct {
+	cfg     Config
+	bands   int
+	n       int
+	perBand []int
+	models  map[string]int // requests waiting per model
+	tenants map[string]*tenant
+	// backlogged are the tenants with requests waiting, per band.
+	backlogged [][]*tenant
+	seq        uint64  // arrival order
+	clock      uint64  // ticks per Push and Serve (for forgetting idle tenants)
+	high       float64 // the highest counter seen: where a tenant arriving at an empty queue starts
+}
+
+// New returns an empty queue.
+func New(cfg Config) *Queue {
+	bands := max(cfg.Bands, 1)
+	if cfg.MaxTenants <= 0 {
+		cfg.MaxTenants = DefaultMaxTenants
+	}
+	return &Queue{
+		cfg: cfg, bands: bands,
+		perBand:    make([]int, bands),
+		models:     map[string]int{},
+		tenants:    map[string]*tenant{},
+		backlogged: make([][]*tenant, bands),
+	}
+}
+
+// Bands returns the queue's number of bands.
+func (q *Queue) Bands() int { return q.bands }
+
+// Len returns the requests waiting.
+func (q *Queue) Len() int { return q.n }
+
+// LenBand returns the requests waiting in band b.
+func (q *Queue) LenBand(b int) int {
+	if b < 0 || b >= q.bands {
+		return 0
+	}
+	return q.perBand[b]
+}
+
+// LenModel returns the requests waiting for model.
+func (q *Queue) LenModel(model string) int { return q.models[model] }
+
+// LenTenant returns the requests of tenant name waiting.
+func (q *Queue) LenTenant(name string) int {
+	if t := q.tenants[name]; t != nil {
+		return t.queued
+	}
+	return 0
+}
+
+// Push adds it at the end of its flow, unless a bound refuses it (its verdict says which).
+// A tenant with nothing waiting banks no credit for the time it was idle: its counter is
+// lifted to the least counter of the tenants waiting (or, when none waits, the highest seen),
+// so that it competes from where the others stand, as the Virtual Token Counter does.
+func (q *Queue) Push(it *Item) Verdict {
+	if it.list != nil {
+		panic("flow: Push of an item already waiting")
+	}
+	if q.cfg.MaxQueued > 0 && q.n >= q.cfg.MaxQueued {
+		return Full
+	}
+	t := q.tenants[it.Tenant]
+	if q.cfg.MaxQueuedPerTenant > 0 && t != nil && t.queued >= q.cfg.MaxQueuedPerTenant {
+		return TenantFull
+	}
+	if t == nil {
+		t = q.tenant(it.Tenant)
+	}
+	it.Band = min(max(it.Band, 0), q.bands-1)
+	if t.queued == 0 {
+		t.served = max(t.served, q.floor())
+	}
+	q.clock++
+	t.seen = q.clock
+	f := t.flow(it.Band, it.Model)
+	if f == nil {
+		f = &fifo{model: it.Model, tenant: t, band: it.Band}
+		if len(t.flows[it.Band]) == 0 {
+			q.backlogged[it.Band] = append(q.backlogged[it.Band], t)
+		}
+		t.flows[it.Band] = append(t.flows[it.Band], f)
+	}
+	q.seq++
+	it.seq = q.seq
+	it.list = f
+	it.prev, it.next = f.tail, nil
+	if f.tail != nil {
+		f.tail.next = it
+	} else {
+		f.head = it
+	}
+	f.tail = it
+	f.n++
+	t.queued++
+	q.n++
+	q.perBand[it.Band]++
+	q.models[it.Model]++
+	return Queued
+}
+
+// floor is where a tenant that starts waiting starts: the least counter of those waiting, or,
+// when none waits, the highest counter seen.
+func (q *Queue) floor() float64 {
+	lo, any := 0.0, false
+	for b := range q.backlogged {
+		for _, t := range q.backlogged[b] {
+			if !any || t.served < lo {
+				lo, any = t.served, true
+			}
+		}
+	}
+	if !any {
+		return q.high
+	}
+	return lo
+}
+
+// Remove takes it out of the queue (its client left, or it waited too long); false when it was
+// not waiting.
+func (q *Queue) Remove(it *Item) bool {
+	f := it.list
+	if f == nil {
+		return false
+	}
+	if it.prev != nil {
+		it.prev.next = it.next
+	} else {
+		f.head = it.next
+	}
+	if it.next != nil {
+		it.next.prev = it.prev
+	} else {
+		f.tail = it.prev
+	}
+	it.prev, it.next, it.list = nil, nil, nil
+	f.n--
+	t := f.tenant
+	t.queued--
+	q.n--
+	q.perBand[f.band]--
+	if q.models[f.model]--; q.models[f.model] <= 0 {
+		delete(q.models, f.model)
+	}
+	if f.n == 0 {
+		flows := t.flows[f.band]
+		t.flows[f.band] = slices.DeleteFunc(flows, func(g *fifo) bool { return g == f })
+		if len(t.flows[f.band]) == 0 {
+			q.backlogged[f.band] = slices.DeleteFunc(q.backlogged[f.band], func(u *tenant) bool { return u == t })
+		}
+	}
+	return true
+}
+
+// Next removes and returns the request that goes first among those whose model ready says
+// can go now (nil: none): the highest band with one; in it, the tenant with the fewest tokens
+// served (ties: the earliest request); the tenant's earliest request that can go. ready may be
+// called more than once for a model: it must answer the same each time.
+func (q *Queue) Next(ready func(model string) bool) *Item {
+	if q.n == 0 {
+		return nil
+	}
+	for b := range q.bands {
+		if q.perBand[b] == 0 {
+			continue
+		}
+		var best *Item
+		var bestServed float64
+		for _, t := range q.backlogged[b] {
+			if best != nil && t.served > bestServed {
+				continue
+			}
+			var head *Item
+			for _, f := range t.flows[b] {
+				if (head == nil || f.head.seq < head.seq) && ready(f.model) {
+					head = f.head
+				}
+			}
+			if head == nil {
+				continue
+			}
+			if best == nil || t.served < bestServed || head.seq < best.seq {
+				best, bestServed = head, t.served
+			}
+		}
+		if best != nil {
+			q.Remove(best)
+			return best
+		}
+	}
+	return nil
+}
+
+// Serve counts tokens served to tenant name (a negative figure corrects an estimate): a
+// request's prompt tokens plus a weight times its output, charged when it is dispatched and
+// corrected when its answer tells. Requests that never waited count too, and so do a cluster
+// peer's (so a tenant cannot get N times its share over N replicas).
+func (q *Queue) Serve(name string, tokens float64) {
+	if tokens == 0 || tokens != tokens {
+		return
+	}
+	t := q.tenants[name]
+	if t == nil {
+		t = q.tenant(name)
+	}
+	t.served = max(0, t.served+tokens)
+	q.high = max(q.high, t.served)
+	q.clock++
+	t.seen = q.clock
+}
+
+// Served returns tenant name's tokens served as the queue counts them.
+func (q *Queue) Served(name string) float64 {
+	if t := q.tenants[name]; t != nil {
+		return t.served
+	}
+	return 0
+}
+
+// Tenants calls fn for each tenant remembered: its name, tokens served and requests waiting.
+func (q *Queue) Tenants(fn func(name string, served float64, queued int)) {
+	for name, t := range q.tenants {
+		fn(name, t.served, t.queued)
+	}
+}
+
+// tenant returns a new tenant named name, forgetting idle ones first if the bound is reached.
+func (q *Queue) tenant(name string) *tenant {
+	if len(q.tenants) >= q.cfg.MaxTenants {
+		q.forget()
+	}
+	t := &tenant{name: name, flows: make([][]*fifo, q.bands)}
+	q.tenants[name] = t
+	return t
+}
+
+// forget drops the idle tenants least recently seen until a tenth of the bound is free (or no
+// idle tenant is left): what they were served is forgotten, as an idle tenant's credit is.
+func (q *Queue) forget() {
+	idle := make([]*tenant, 0, len(q.tenants))
+	for _, t := range q.tenants {
+		if t.queued == 0 {
+			idle = append(idle, t)
+		}
+	}
+	slices.SortFunc(idle, func(a, b *tenant) int {
+		switch {
+		case a.seen < b.seen:
+			return -1
+		case a.seen > b.seen:
+			return 1
+		}
+		return 0
+	})
+	drop := len(q.tenants) - q.cfg.MaxTenants*9/10
+	for _, t := range idle[:min(max(drop, 1), len(idle))] {
+		delete(q.tenants, t.name)
+	}
+}
+
+// flow returns t's fifo for model in band b, or nil.
+func (t *tenant) flow(b int, model string) *fifo {
+	for _, f := range t.flows[b] {
+		if f.model == model {
+			return f
+		}
+	}
+	return nil
+}
