@@ -15,6 +15,7 @@ const (
 	evSide
 	evRestart
 	evTelemetry
+	evOffer
 )
 
 type event struct {
@@ -211,6 +212,7 @@ func Run(sc *Scenario, b *Built, seed uint64, rate float64, router Router) *Resu
 				s.router.Reading(s.now, i, e.Reading())
 			}
 			s.push(s.now+sc.TelemetryInterval, evTelemetry, 0, 0)
+			s.offer = len(s.waiting) > 0 // a reading may have freed a slot as the router sees it
 		case evRestart:
 			s.account(ev.a)
 			s.epoch[ev.a]++
@@ -219,6 +221,8 @@ func Run(sc *Scenario, b *Built, seed uint64, rate float64, router Router) *Resu
 				s.handle(ev.a, e)
 			}
 			s.account(ev.a)
+		case evOffer:
+			s.offer = len(s.waiting) > 0
 		case evSide:
 			s.sideSeq++
 			c := sideCall(s.sideRNG, s.sideSeq)
@@ -281,7 +285,18 @@ func (s *sim) send(r *Request) {
 	r.Arrival = s.now
 	if !s.route(r) {
 		s.waiting = append(s.waiting, r)
+		if w, ok := s.router.(Waker); ok {
+			if at := w.WakeAt(r); at > s.now {
+				s.push(at, evOffer, 0, 0)
+			}
+		}
 	}
+}
+
+// Waker is a router that bounds how long a request waits at it: WakeAt is when the simulator
+// offers a request it answered Wait again even if nothing ended (0: only when a request ends).
+type Waker interface {
+	WakeAt(req *Request) time.Duration
 }
 
 // route asks the router; Wait queues r at the router.

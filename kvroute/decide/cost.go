@@ -104,15 +104,14 @@ func (d *decision) byCost() (int, Path) {
 		}
 		chosen = t.Best()
 	default:
-		if warmest != nil && d.keepsWarm(warmest) && !(d.o.SlotRank && d.full(warmest) && d.anyFree()) {
+		if warmest != nil && d.keepsWarm(warmest) {
 			chosen = w
 		}
 	}
 	if chosen < 0 {
 		t := energy.Ranking{Rand: d.o.Rand}
-		free := d.o.SlotRank && d.anyFree()
 		for i := range d.cands {
-			if c := &d.cands[i]; d.inBand(c) && !(free && d.full(c)) {
+			if c := &d.cands[i]; d.inBand(c) {
 				t.Offer(i, c.Cost.TTFT+forfeit(c, warmest)+c.Cost.Slower, busyness(c), float64(c.HeldChars)/DefaultCharsPerToken)
 			}
 		}
@@ -219,14 +218,4 @@ func meanOr(sum float64, n int, def float64) float64 {
 		return def
 	}
 	return sum / float64(n)
-}
-
-// anyFree reports whether a candidate in the band has a free batch slot.
-func (d *decision) anyFree() bool {
-	for i := range d.cands {
-		if c := &d.cands[i]; d.inBand(c) && !d.full(c) {
-			return true
-		}
-	}
-	return false
 }

@@ -120,16 +120,13 @@ type Options struct {
 	// SlotRank: decision thresholds sees batch slots. Its least-busy choices (on_imbalance
 	// least_busy, and the fallback when it places by load: least_busy, or joule and carbon
 	// without energy annotations) take a candidate with a free batch slot before a full one
-	// (full: its load reaches its learned slots, else its max_concurrency), then the lowest
-	// predicted TTFT, and among those within a step of it (minSlackSeconds) the one holding
-	// the least (SGLang sends a cold prompt to the smallest tree).
+	// (full: its load reaches its learned slots while its reading stands, else its
+	// max_concurrency), then the least busy as before.
 	SlotRank bool
 	// SlotMove: a session, warm or prefix choice whose batch is full moves to the best
 	// candidate in the band with a free slot when that one's predicted TTFT plus what the move
 	// forfeits is lower (decision thresholds; decision cost prices the slot wait itself).
 	SlotMove bool
-	ColdSlack float64 // EXPERIMENT
-	RankMode  int     // EXPERIMENT
 	// Rand is the source of the random choices among ties (and of fallback random); nil is
 	// the global source. A simulator passes a seeded one: the same seed, the same decisions.
 	// A *rand.Rand is not safe for concurrent use: Caddy leaves it nil.
@@ -344,14 +341,14 @@ func (d *decision) full(c *Candidate) bool {
 }
 
 // bySlots is SlotRank's least-busy choice among the candidates idx names (all when idx is
-// nil): a free batch slot first, then the lowest predicted TTFT; among those within
-// minSlackSeconds of it, the one holding the least, then the least busy, then at random.
+// nil; of those, the ones in the band when inBand): a free batch slot before a full one, then
+// the lowest busyness, then the one holding the least, then at random.
 func (d *decision) bySlots(idx []int, inBand bool) int {
-	best, bestFull := math.Inf(1), true
 	n := len(idx)
 	if idx == nil {
 		n = len(d.cands)
 	}
+	t := energy.Ranking{Rand: d.o.Rand}
 	for k := range n {
 		i := k
 		if idx != nil {
@@ -361,32 +358,11 @@ func (d *decision) bySlots(idx []int, inBand bool) int {
 		if inBand && !d.inBand(c) {
 			continue
 		}
-		full := d.full(c)
-		if (!full && bestFull) || (full == bestFull && c.Cost.TTFT < best) {
-			best, bestFull = c.Cost.TTFT, full
+		full := 0.0
+		if d.full(c) {
+			full = 1
 		}
-	}
-	t := energy.Ranking{Rand: d.o.Rand}
-	for k := range n {
-		i := k
-		if idx != nil {
-			i = idx[k]
-		}
-		c := &d.cands[i]
-		if d.o.RankMode == 2 {
-			if !(inBand && !d.inBand(c)) && d.full(c) == bestFull {
-				t.Offer(i, busyness(c), float64(placement(c).CachedTokens), 0)
-			}
-			continue
-		}
-		if (inBand && !d.inBand(c)) || d.full(c) != bestFull || c.Cost.TTFT > best+d.o.ColdSlack {
-			continue
-		}
-		if d.o.RankMode == 3 {
-			t.Offer(i, c.Cost.TTFT, busyness(c), float64(placement(c).CachedTokens))
-			continue
-		}
-		t.Offer(i, float64(placement(c).CachedTokens), busyness(c), 0)
+		t.Offer(i, full, busyness(c), float64(placement(c).CachedTokens))
 	}
 	return t.Best()
 }

@@ -28,7 +28,7 @@ func main() {
 	def := flag.String("default", "", "the decision kvroute's kv_cache_aware runs: thresholds or cost (default: kvroute's own default)")
 	list := flag.Bool("list", false, "list the scenarios and exit")
 	slots := flag.Int("slots", 0, "with -diagnose: run every engine with this many batch slots (max_num_seqs) instead of the scenario's")
-	tune := flag.String("options", "", "change the decision's options of kvroute's policies (an experiment: -diagnose's and the card's), comma-separated: cache_threshold=X, balance_abs=N, balance_rel=X, on_imbalance=least_busy|prefix_in_band, fallback=joule|least_busy|round_robin|random")
+	tune := flag.String("options", "", "change the decision's options of kvroute's policies (an experiment: -diagnose's and the card's), comma-separated: cache_threshold=X, balance_abs=N, balance_rel=X, on_imbalance=least_busy|prefix_in_band, fallback=joule|least_busy|round_robin|random, slot_rank=0|1, slot_move=0|1; late binding: queue_timeout=SECONDS (0: off), hold_margin=N (hold when every engine runs its learned slots + N)")
 	diagnose := flag.Bool("diagnose", false, "instead of the card: diagnose kvroute's decisions (kv_thresholds, kv_cost) on the chosen scenarios and seeds: per decision path, how often a full engine was chosen while another was free")
 	requests := flag.Int("requests", 0, "cap every scenario's requests (a quick look; the card's figures are for the full counts)")
 	only := flag.String("policies", "", "run only the policies whose name matches this regular expression (with -compare's -base, a card of kvroute's policies alone can be judged)")
@@ -95,7 +95,7 @@ func main() {
 		fmt.Fprintf(os.Stderr, "fleetsim: -options: %v\n", err)
 		os.Exit(2)
 	}
-	var tunes []func(*decide.Options)
+	var tunes []func(*fleetsim.KVSettings)
 	if tuner != nil {
 		tunes = append(tunes, tuner)
 	}
@@ -156,11 +156,11 @@ func main() {
 }
 
 // parseTune reads -options into a change of the decision's options.
-func parseTune(spec string) (func(*decide.Options), error) {
+func parseTune(spec string) (func(*fleetsim.KVSettings), error) {
 	if spec == "" {
 		return nil, nil
 	}
-	var sets []func(*decide.Options)
+	var sets []func(*fleetsim.KVSettings)
 	for _, kv := range strings.Split(spec, ",") {
 		k, v, ok := strings.Cut(strings.TrimSpace(kv), "=")
 		if !ok {
@@ -169,32 +169,32 @@ func parseTune(spec string) (func(*decide.Options), error) {
 		num, numErr := strconv.ParseFloat(v, 64)
 		switch {
 		case k == "cache_threshold" && numErr == nil:
-			sets = append(sets, func(o *decide.Options) { o.CacheThreshold = num })
+			sets = append(sets, func(o *fleetsim.KVSettings) { o.Options.CacheThreshold = num })
 		case k == "balance_abs" && numErr == nil:
-			sets = append(sets, func(o *decide.Options) { o.BalanceAbs = int64(num) })
+			sets = append(sets, func(o *fleetsim.KVSettings) { o.Options.BalanceAbs = int64(num) })
 		case k == "balance_rel" && numErr == nil:
-			sets = append(sets, func(o *decide.Options) { o.BalanceRel = num })
+			sets = append(sets, func(o *fleetsim.KVSettings) { o.Options.BalanceRel = num })
 		case k == "slot_rank" && numErr == nil:
-			sets = append(sets, func(o *decide.Options) { o.SlotRank = num != 0 })
-		case k == "rank_mode" && numErr == nil:
-			sets = append(sets, func(o *decide.Options) { o.RankMode = int(num) })
-		case k == "cold_slack" && numErr == nil:
-			sets = append(sets, func(o *decide.Options) { o.ColdSlack = num })
+			sets = append(sets, func(o *fleetsim.KVSettings) { o.Options.SlotRank = num != 0 })
+		case k == "queue_timeout" && numErr == nil:
+			sets = append(sets, func(o *fleetsim.KVSettings) { o.QueueTimeout = time.Duration(num * float64(time.Second)) })
+		case k == "hold_margin" && numErr == nil:
+			sets = append(sets, func(o *fleetsim.KVSettings) { o.HoldMargin = int64(num) })
 		case k == "slot_move" && numErr == nil:
-			sets = append(sets, func(o *decide.Options) { o.SlotMove = num != 0 })
+			sets = append(sets, func(o *fleetsim.KVSettings) { o.Options.SlotMove = num != 0 })
 		case k == "on_imbalance" && (v == "least_busy" || v == "prefix_in_band"):
-			sets = append(sets, func(o *decide.Options) { o.LeastBusyOnImbalance = v == "least_busy" })
+			sets = append(sets, func(o *fleetsim.KVSettings) { o.Options.LeastBusyOnImbalance = v == "least_busy" })
 		case k == "fallback":
 			st, err := energy.ParseStrategy(v)
 			if err != nil {
 				return nil, err
 			}
-			sets = append(sets, func(o *decide.Options) { o.Placer = energy.NewPlacer(st) })
+			sets = append(sets, func(o *fleetsim.KVSettings) { o.Options.Placer = energy.NewPlacer(st) })
 		default:
 			return nil, fmt.Errorf("%q: unknown option or bad value", kv)
 		}
 	}
-	return func(o *decide.Options) {
+	return func(o *fleetsim.KVSettings) {
 		for _, set := range sets {
 			set(o)
 		}
