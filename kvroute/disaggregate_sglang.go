@@ -352,6 +352,14 @@ func (d *Disaggregate) serveSGLang(w http.ResponseWriter, r *http.Request, next 
 		err := serveLeg(d.prefill, out, leg)
 		finish(err)
 		switch {
+		case pctx.Err() != nil && r.Context().Err() == nil:
+			// Cancelled here with the client still there: the decode leg is over (its outcome,
+			// or the 502 of a leg that never went, is the client's answer) and this one's is
+			// no one's. Caddy's reverse proxy records a cancelled leg as a 499 of its own
+			// ("client closed request"), no engine's refusal: taken for one, it was the
+			// client's answer.
+			close(prefillEnded)
+			return
 		case err != nil:
 		case rec.over:
 			err = errors.New("prefill answer over its bound")

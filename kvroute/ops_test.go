@@ -12,6 +12,7 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -114,6 +115,75 @@ func TestReloadDropsDepartedUpstream(t *testing.T) {
 	}
 	if st.Upstreams[f[1].addr()].TreeChars == 0 {
 		t.Errorf("the upstreams that stayed lost their prefixes")
+	}
+}
+
+// A decision of the old config that runs after a reload took its upstream out does not bring
+// that upstream back. Caddy cleans up the old config's modules (kv_cache_aware's Cleanup forgets
+// the departed upstream's prefixes and sessions) once the new config is in, without waiting for
+// the old config's requests: within the grace period they go on, and may still be deciding.
+// Here one is held in its decision across the reload; it goes to the departed upstream (the
+// old config's only one), as the old config says, and afterwards GET /kvroute/ shows no
+// prefixes or sessions for that upstream and the router keeps no state for it (which would make
+// it a dynamic upstream, read and shown for 10 minutes).
+func TestReloadLateDecisionKeepsDepartedUpstreamOut(t *testing.T) {
+	f := newFleet(t, 2)
+	gone := f[0]
+	startCaddy(t, proxyConfig(f[:1], "", "", "")) // the old config's only upstream: the held decision goes there
+	client := &http.Client{Timeout: 20 * time.Second}
+	send(t, client, baseURL+"/v1/chat/completions", chatBody("m", coldPrompt(1)), "X-Session-ID", "late")
+	if u := getStatus(t).Upstreams[gone.addr()]; u.TreeChars == 0 || u.Sessions == 0 {
+		t.Fatalf("setup: %s holds nothing: %+v", gone.name, u)
+	}
+
+	h := newHeld()
+	var first atomic.Bool
+	hook := func() {
+		if first.CompareAndSwap(false, true) {
+			h.wait()
+		}
+	}
+	testHookDecide.Store(&hook)
+	t.Cleanup(func() { testHookDecide.Store(nil) })
+	type result struct {
+		rep  backendReply
+		code int
+		err  error
+	}
+	done := make(chan result, 1)
+	go func() {
+		req, _ := http.NewRequest(http.MethodPost, baseURL+"/v1/chat/completions", strings.NewReader(chatBody("m", coldPrompt(2))))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("X-Session-ID", "late")
+		resp, err := client.Do(req)
+		if err != nil {
+			done <- result{err: err}
+			return
+		}
+		defer resp.Body.Close()
+		var rep backendReply
+		err = json.NewDecoder(resp.Body).Decode(&rep)
+		done <- result{rep, resp.StatusCode, err}
+	}()
+	select {
+	case <-h.entered:
+	case <-time.After(20 * time.Second):
+		close(h.release)
+		t.Fatal("setup: the request made no decision in 20 s")
+	}
+	load(t, proxyConfig(f[1:], "", "", "")) // returns once the old config is cleaned up
+	close(h.release)
+	res := <-done
+	if res.err != nil || res.code != http.StatusOK || res.rep.Upstream != gone.name {
+		t.Fatalf("setup: the old config's held request: status %d, %v, upstream %q (want %s)", res.code, res.err, res.rep.Upstream, gone.name)
+	}
+	u := getStatus(t).Upstreams[gone.addr()]
+	s := currentState()
+	_, kept := s.upstreams.Load(gone.addr())
+	_, read := s.tel.dynamic.Load(gone.addr())
+	if u.TreeChars != 0 || u.Sessions != 0 || kept || read {
+		t.Errorf("after a decision of the old config that went to %s, which the new config left out: %d tree chars, %d sessions, state kept %v, its metrics read %v; want none",
+			gone.name, u.TreeChars, u.Sessions, kept, read)
 	}
 }
 

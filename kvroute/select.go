@@ -48,6 +48,15 @@ type candidate struct {
 // (state.deciding), so each sees every decision made before it (load.go: the bound). The
 // tree match before and the recording after run outside.
 func (p *KVCacheAware) Select(pool reverseproxy.UpstreamPool, r *http.Request, w http.ResponseWriter) *reverseproxy.Upstream {
+	up := p.selectUpstream(pool, r, w)
+	if p.reg != nil && p.reg.retired.Load() {
+		p.state.afterRetired(p.reg)
+	}
+	return up
+}
+
+// selectUpstream is Select's decision: gather, decide, record.
+func (p *KVCacheAware) selectUpstream(pool reverseproxy.UpstreamPool, r *http.Request, w http.ResponseWriter) *reverseproxy.Upstream {
 	p.state.ready(p.reg)
 	req := attemptFor(r, DefaultMaxBody)
 	defer req.placed()

@@ -86,6 +86,10 @@ type registration struct {
 	resolvers   []string       // its reverse_proxy transport's DNS resolvers, if it names any
 	process     processOptions // as given; zero: left out
 	app         bool           // its config has the kvroute app, which starts it (app.go)
+	// retired is set when the policy is cleaned up (unregister). Caddy cleans up a replaced
+	// config without waiting for its requests: within the grace period they go on deciding
+	// (afterRetired).
+	retired atomic.Bool
 }
 
 // processOptions are the options that configure the process-wide state. All policies of one
@@ -449,6 +453,7 @@ func (s *state) register(r *registration) error {
 // state itself goes (UsagePool), so nothing is forgotten one by one (caddy validate and
 // shutdown end that way).
 func (s *state) unregister(r *registration) {
+	r.retired.Store(true) // before the forgetting below: afterRetired relies on the order
 	s.mu.Lock()
 	delete(s.regs, r)
 	s.publishStaticLocked()
@@ -472,6 +477,23 @@ func (s *state) unregister(r *registration) {
 		if chars, sessions := s.forgetUpstream(a); chars > 0 || sessions > 0 {
 			logger.Info("upstream left the config: dropped its prefixes and sessions",
 				zap.String("upstream", a), zap.Int64("chars", chars), zap.Int("sessions", sessions))
+		}
+	}
+}
+
+// afterRetired runs after each decision of the policy registered as r once r is retired (a
+// request of a replaced config, still running within the grace period): it forgets again the
+// static upstreams of r that no live policy lists. The decision may have learned about one of
+// them after unregister forgot it (its prefix in the tree, its session bound, its state made
+// anew and its metrics read as a dynamic upstream's for 10 minutes): the request goes there, as
+// its config says, but the router keeps nothing of an upstream that left the config. unregister
+// retires r before it forgets, and a decision checks after it learned: a decision that learns
+// after the forgetting sees r retired.
+func (s *state) afterRetired(r *registration) {
+	for _, a := range r.static {
+		if !s.isStatic(a) {
+			s.stopDynamic(s.tel.current.Load(), a)
+			s.forgetUpstream(a)
 		}
 	}
 }

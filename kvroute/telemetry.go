@@ -503,14 +503,22 @@ func (s *state) expireDynamic(now time.Time) {
 		if v, ok := s.upstreams.Load(addr); ok && v.(*upstreamState).lastActive() >= idle {
 			return true
 		}
-		s.tel.dynamic.Delete(addr)
-		s.tel.nDynamic.Add(-1)
-		if sc != nil {
-			sc.Remove(addr)
-		}
-		s.forgetEngine(addr)
+		s.stopDynamic(sc, addr)
 		return true
 	})
+}
+
+// stopDynamic stops reading the dynamic upstream addr (sc: the scraper in force, nil when
+// telemetry is off) and forgets what its engine reported.
+func (s *state) stopDynamic(sc *telemetry.Scraper, addr string) {
+	if _, ok := s.tel.dynamic.LoadAndDelete(addr); !ok {
+		return
+	}
+	s.tel.nDynamic.Add(-1)
+	if sc != nil {
+		sc.Remove(addr)
+	}
+	s.forgetEngine(addr)
 }
 
 // observe takes in one scrape's outcome (from the target's goroutine): the engine's load
