@@ -6,6 +6,8 @@ import (
 	"regexp"
 	"testing"
 	"time"
+
+	"github.com/kvroute/caddy-kvroute/kvroute/decide"
 )
 
 // The flood scenarios' first class is the alone scenario's workload, call for call, at the
@@ -128,7 +130,7 @@ func TestClassFigures(t *testing.T) {
 }
 
 // Only the scenarios whose requests have classes have "classes" in the card; those have one
-// per class for every policy.
+// per class for every policy, and kv_flow runs there only.
 func TestClassesOnlyWhereThereAreClasses(t *testing.T) {
 	card, err := RunCard(Options{Scenarios: regexp.MustCompile(`^(chat-80|tenants_flood)$`), Seeds: 1, MaxRequests: 300,
 		Policies: []Policy{policy(t, "least_conn"), policy(t, "kv_cache_aware")}})
@@ -149,10 +151,145 @@ func TestClassesOnlyWhereThereAreClasses(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if n := bytes.Count(js, []byte(`"classes"`)); n != 2 {
-		t.Errorf("%d \"classes\" in the card, want 2 (tenants_flood's two policies)", n)
+	if n := bytes.Count(js, []byte(`"classes"`)); n != 3 {
+		t.Errorf("%d \"classes\" in the card, want 3 (tenants_flood's two policies and kv_flow)", n)
+	}
+	for _, s := range card.Scenarios {
+		if _, ok := s.Policies["kv_flow"]; ok != (s.Name == "tenants_flood") {
+			t.Errorf("%s: kv_flow ran: %v", s.Name, ok)
+		}
 	}
 	if !bytes.Contains(js, []byte(`"light": {`)) || !bytes.Contains(js, []byte(`"imbalance": null`)) {
 		t.Errorf("the card lacks the light class or a class's null imbalance:\n%s", js)
+	}
+}
+
+// flowChecked wraps kv_flow and checks, at every answer of Release, the flow-control
+// contract: a request is dispatched only to an engine that is not saturated; a batch request
+// never goes while an interactive one waits (the same model); a request is shed only at its
+// band's timeout; and when Release answers nil with requests waiting, every engine is
+// saturated (work-conserving). It counts what it saw.
+type flowChecked struct {
+	*kvFlow
+	t                                 *testing.T
+	released, shed, idleChecks, inner int
+	routedAt                          map[int]time.Duration
+}
+
+func (c *flowChecked) Route(now time.Duration, r *Request) int {
+	i := c.kvFlow.Route(now, r)
+	if i >= 0 {
+		c.routedAt[r.ID] = now
+	}
+	return i
+}
+
+func (c *flowChecked) Release(now time.Duration) (*Request, int) {
+	// What the queue holds before the answer.
+	interactive := c.q.LenBand(c.band("interactive"))
+	sat := make([]bool, len(c.up))
+	for i := range c.up {
+		sat[i] = c.saturated(i)
+	}
+	r, i := c.kvFlow.Release(now)
+	switch {
+	case r == nil:
+		if c.q.Len() > 0 {
+			c.idleChecks++
+			if c.ready("") {
+				c.t.Fatalf("%v: Release answered nil with %d waiting and an engine free", now, c.q.Len())
+			}
+		}
+	case i == Shed:
+		c.shed++
+		if want := c.bands[c.band(r.Priority)].timeout; now-r.Arrival != want {
+			c.t.Fatalf("request %d (%q) shed after %v, its band's timeout is %v", r.ID, r.Priority, now-r.Arrival, want)
+		}
+	default:
+		c.released++
+		c.routedAt[r.ID] = now
+		if sat[i] {
+			c.t.Fatalf("%v: request %d dispatched to engine %d, saturated (%d in flight, %d slots)", now, r.ID, i, c.up[i].inFlight-1, c.up[i].slotCount)
+		}
+		if r.Priority == "batch" && interactive > 0 {
+			c.t.Fatalf("%v: batch request %d dispatched while %d interactive wait", now, r.ID, interactive)
+		}
+	}
+	return r, i
+}
+
+func flowRun(t *testing.T, name string, requests int) (*flowChecked, *Result) {
+	t.Helper()
+	sc := scenario(t, name)
+	if requests > 0 {
+		sc.Requests = requests
+	}
+	b, err := Build(sc, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	capacity, _, err := Calibrate(scenario(t, "chat-50"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &flowChecked{kvFlow: FlowPolicy(decide.DefaultRule).New(1).(*kvFlow), t: t, routedAt: map[int]time.Duration{}}
+	return c, Run(sc, b, 1, sc.Load*capacity, c)
+}
+
+// kv_flow on the floods: the contract above at every release; every request is answered,
+// shed, or still waiting at the horizon, never two of these, and only those held waited.
+func TestFlowContract(t *testing.T) {
+	for _, name := range []string{"tenants_flood", "priority_flood"} {
+		c, res := flowRun(t, name, 0)
+		waited, unserved := 0, 0
+		for _, r := range res.Requests {
+			at, routed := c.routedAt[r.ID]
+			switch {
+			case r.Shed && routed:
+				t.Fatalf("%s: request %d shed and routed", name, r.ID)
+			case routed && (r.Engine < 0 || r.Routed != at):
+				t.Fatalf("%s: request %d routed at %v, recorded %v on engine %d", name, r.ID, at, r.Routed, r.Engine)
+			case !routed && !r.Shed:
+				if r.Done != 0 || r.Engine >= 0 {
+					t.Fatalf("%s: request %d neither routed nor shed but done at %v", name, r.ID, r.Done)
+				}
+				unserved++
+			}
+			if routed && r.Routed > r.Arrival {
+				waited++
+			}
+		}
+		if c.released != waited {
+			t.Errorf("%s: %d released from the queue, %d requests waited", name, c.released, waited)
+		}
+		if c.released == 0 || c.idleChecks == 0 {
+			t.Errorf("%s: the queue was never used (released %d, idle checks %d)", name, c.released, c.idleChecks)
+		}
+		if name == "tenants_flood" && c.shed == 0 {
+			t.Errorf("%s: nothing shed at the 10 s timeout", name)
+		}
+		t.Logf("%s: %d released, %d shed at their timeout, %d unserved at the horizon, %d checks of a full fleet", name, c.released, c.shed, unserved, c.idleChecks)
+	}
+}
+
+// With flow control and a fleet at 80% of capacity or less, the router's queue wait p99 is
+// at most 1 ms (issue 35): requests wait only while every engine is saturated.
+func TestFlowQueueWaitBelowCapacity(t *testing.T) {
+	for _, name := range []string{"chat-80", "tenants_alone", "priority_alone"} {
+		sc := scenario(t, name)
+		b, err := Build(sc, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		capacity, slo, err := Calibrate(scenario(t, "chat-50"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		res := Run(sc, b, 1, sc.Load*capacity, FlowPolicy(decide.DefaultRule).New(1))
+		f := Measure(res, slo)
+		if !(f.QueueWaitP99 <= 1) || f.unserved != 0 || f.Shed != 0 {
+			t.Errorf("%s: queue wait p99 %v ms, %d unserved, shed %v", name, f.QueueWaitP99, f.unserved, f.Shed)
+		}
+		t.Logf("%s: queue wait p99 %v ms, TTFT p99 %v ms", name, f.QueueWaitP99, f.TTFTP99)
 	}
 }

@@ -55,6 +55,9 @@ type kvRouter struct {
 	sess   map[kvSessionKey]*kvBinding
 	chars  map[string]*kvChars // per model: chars per token
 	evict  time.Duration       // the last periodic eviction
+	// leave, when set, are the engines the next decision leaves out (kv_flow: those
+	// saturated), unless it would leave out all of them.
+	leave []bool
 	// last is the latest decision's path and chosen engine (for diagnostics).
 	last struct {
 		path   decide.Path
@@ -213,7 +216,11 @@ func (k *kvRouter) Route(now time.Duration, req *Request) int {
 	}
 	// Gather.
 	dc := k.cbuf[:0]
+	leave := k.leave != nil && slices.Contains(k.leave, false)
 	for i := range k.up {
+		if leave && k.leave[i] {
+			continue
+		}
 		u := &k.up[i]
 		dc = append(dc, decide.Candidate{Key: i, Load: u.inFlight + u.externalLoad(at)})
 	}
@@ -222,12 +229,12 @@ func (k *kvRouter) Route(now time.Duration, req *Request) int {
 		if tm.Runes < decide.MinMatchRunes {
 			break
 		}
-		if i := slices.Index(k.ids, tm.Tenant); i >= 0 && dc[i].Match == 0 {
-			dc[i].Match = tm.Runes
+		if c := candidateOf(dc, slices.Index(k.ids, tm.Tenant)); c != nil && c.Match == 0 {
+			c.Match = tm.Runes
 		}
 	}
 	for i := range dc {
-		k.facts(&dc[i], i, at)
+		k.facts(&dc[i], dc[i].Key, at)
 	}
 	estimate := k.tokensOf(req.Model, int64(req.Chars))
 	snap := decide.Snapshot{Now: at, Candidates: dc, Request: decide.Request{
@@ -243,9 +250,9 @@ func (k *kvRouter) Route(now time.Duration, req *Request) int {
 		if b := k.sess[skey]; b != nil {
 			if b.expires <= now {
 				delete(k.sess, skey)
-			} else {
+			} else if c := candidateOf(dc, b.engine); c != nil {
 				b.expires = now + kvSessionTTL
-				dc[b.engine].Session = true
+				c.Session = true
 			}
 		}
 	}
@@ -253,8 +260,8 @@ func (k *kvRouter) Route(now time.Duration, req *Request) int {
 	res := decide.Decide(&k.opts, &snap)
 	k.cbuf = dc[:0]
 	// Record.
-	i := res.Chosen
-	c := &dc[i]
+	c := &dc[res.Chosen]
+	i := c.Key
 	u := &k.up[i]
 	tr := &kvTrack{engine: i, estimate: estimate, uncached: max(0, c.Cost.Uncached), chars: int64(req.Chars),
 		matched: int64(c.Match), routed: now, predicted: c.Cost.TTFT}
@@ -280,6 +287,19 @@ func (k *kvRouter) Route(now time.Duration, req *Request) int {
 	u.model, u.modelSet = req.Model, true
 	k.last.path, k.last.engine, k.last.cands, k.last.req = res.Path, i, dc, snap.Request
 	return i
+}
+
+// candidateOf returns engine i's candidate in dc, nil when it was left out.
+func candidateOf(dc []decide.Candidate, i int) *decide.Candidate {
+	if i >= 0 && i < len(dc) && dc[i].Key == i {
+		return &dc[i]
+	}
+	for j := range dc {
+		if dc[j].Key == i {
+			return &dc[j]
+		}
+	}
+	return nil
 }
 
 // facts fills the decision's view of engine i at now (kvroute's facts and engineFacts).

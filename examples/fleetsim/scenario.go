@@ -30,6 +30,9 @@ type Scenario struct {
 	TelemetryInterval time.Duration
 	Restart           *Restart
 	Side              *SideLoad
+	// FlowControl: the requests carry tenants or priorities, and the card runs kv_flow
+	// (kv_cache_aware with flow control) beside the other policies.
+	FlowControl bool
 }
 
 // Restart restarts an engine At after the start (open loop: at the nominal pace, scaled to
@@ -170,10 +173,10 @@ func Scenarios() []*Scenario {
 	// it still serves everything, docs/simulator.md), so that the engines (or, with flow
 	// control, the router) queue for the whole run. priority: an interactive band at 50%
 	// (chat-50's rate), alone and with a batch band sending twice its requests (100%): 150%.
-	add(Scenario{Name: "tenants_alone", Family: "chat", Requests: lightN, Workload: tenantsW(true), Engines: chat4, Load: lightLoad})
-	add(Scenario{Name: "tenants_flood", Family: "chat", Requests: lightN * (1 + heavyTimes), Workload: tenantsW(false), Engines: chat4, Load: lightLoad * (1 + heavyTimes)})
-	add(Scenario{Name: "priority_alone", Family: "chat", Requests: interactiveN, Workload: priorityW(true), Engines: chat4, Load: interactiveLoad})
-	add(Scenario{Name: "priority_flood", Family: "chat", Requests: interactiveN * (1 + batchTimes), Workload: priorityW(false), Engines: chat4, Load: interactiveLoad * (1 + batchTimes)})
+	add(Scenario{Name: "tenants_alone", FlowControl: true, Family: "chat", Requests: lightN, Workload: tenantsW(true), Engines: chat4, Load: lightLoad})
+	add(Scenario{Name: "tenants_flood", FlowControl: true, Family: "chat", Requests: lightN * (1 + heavyTimes), Workload: tenantsW(false), Engines: chat4, Load: lightLoad * (1 + heavyTimes)})
+	add(Scenario{Name: "priority_alone", FlowControl: true, Family: "chat", Requests: interactiveN, Workload: priorityW(true), Engines: chat4, Load: interactiveLoad})
+	add(Scenario{Name: "priority_flood", FlowControl: true, Family: "chat", Requests: interactiveN * (1 + batchTimes), Workload: priorityW(false), Engines: chat4, Load: interactiveLoad * (1 + batchTimes)})
 	return out
 }
 

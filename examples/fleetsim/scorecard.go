@@ -266,9 +266,17 @@ func RunCard(opts Options) (*Card, error) {
 		}
 	}
 	var chosen []*Scenario
+	flowPolicies := []Policy{FlowPolicy(rule)}
+	for _, p := range opts.Policies {
+		if p.Name == flowPolicies[0].Name {
+			flowPolicies = nil // given: run with every scenario
+		}
+	}
+	withFlow := false
 	for _, sc := range all {
 		if opts.Scenarios == nil || opts.Scenarios.MatchString(sc.Name) {
 			chosen = append(chosen, sc)
+			withFlow = withFlow || sc.FlowControl
 		}
 	}
 	type job struct {
@@ -297,7 +305,11 @@ func RunCard(opts Options) (*Card, error) {
 					j.err = fam.err
 					continue
 				}
-				j.out, j.err = runScenario(j.sc, uint64(j.seed), fam, opts.Policies)
+				policies := opts.Policies
+				if j.sc.FlowControl {
+					policies = append(slices.Clip(policies), flowPolicies...)
+				}
+				j.out, j.err = runScenario(j.sc, uint64(j.seed), fam, policies)
 				if opts.Log != nil && j.err == nil {
 					logMu.Lock()
 					fmt.Fprintf(opts.Log, "%s seed %d done\n", j.sc.Name, j.seed)
@@ -314,6 +326,12 @@ func RunCard(opts Options) (*Card, error) {
 	card := &Card{Default: opts.Default}
 	for _, p := range opts.Policies {
 		card.order = append(card.order, p.Name)
+		if p.Name == "kv_cache_aware" && withFlow {
+			card.order = append(card.order, policyNames(flowPolicies)...)
+		}
+	}
+	if withFlow && !slices.Contains(card.order, "kv_cache_aware") {
+		card.order = append(card.order, policyNames(flowPolicies)...)
 	}
 	for _, j := range jobs {
 		if j.err != nil {
@@ -376,4 +394,12 @@ func row(w io.Writer, s *ScenarioResult, name string, f *Figures) {
 	fmt.Fprintf(w, "%-20s %4d %7.0f %-13s %6s %9s %9s %9s %8s %8s %6s %9s %6s %8d\n",
 		s.Name, s.Seed, float64(s.SLO), name, f.HitRatio, f.TTFTP50, f.TTFTP99, f.E2EP99,
 		f.Throughput, f.Goodput, f.Imbalance, f.QueueWaitP99, f.Shed, f.unserved)
+}
+
+func policyNames(ps []Policy) []string {
+	out := make([]string, len(ps))
+	for i, p := range ps {
+		out[i] = p.Name
+	}
+	return out
 }

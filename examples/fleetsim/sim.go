@@ -15,6 +15,7 @@ const (
 	evSide
 	evRestart
 	evTelemetry
+	evWake // a Holder's queue timeout
 )
 
 type event struct {
@@ -114,6 +115,8 @@ type sim struct {
 	area      []float64
 	lastCount []int
 	offer     bool // a request ended: offer the waiting requests again
+	holder    Holder
+	wake      time.Duration // the latest wake-up pushed for the holder
 }
 
 func (s *sim) push(at time.Duration, kind, a, b int) {
@@ -138,6 +141,7 @@ func Run(sc *Scenario, b *Built, seed uint64, rate float64, router Router) *Resu
 	s.area = make([]float64, n)
 	s.lastCount = make([]int, n)
 	router.Start(s.ids)
+	s.holder, _ = router.(Holder)
 	if o, ok := router.(Omniscient); ok {
 		o.See(s.engines)
 	}
@@ -211,6 +215,9 @@ func Run(sc *Scenario, b *Built, seed uint64, rate float64, router Router) *Resu
 				s.router.Reading(s.now, i, e.Reading())
 			}
 			s.push(s.now+sc.TelemetryInterval, evTelemetry, 0, 0)
+			s.offer = s.holder != nil
+		case evWake:
+			s.offer = true
 		case evRestart:
 			s.account(ev.a)
 			s.epoch[ev.a]++
@@ -279,14 +286,23 @@ func (s *sim) startSession() {
 
 func (s *sim) send(r *Request) {
 	r.Arrival = s.now
-	if !s.route(r) {
-		s.waiting = append(s.waiting, r)
+	if s.route(r) {
+		return
 	}
+	if s.holder != nil {
+		s.offer = true // the router holds it: it may time out
+		return
+	}
+	s.waiting = append(s.waiting, r)
 }
 
 // route asks the router; Wait queues r at the router.
 func (s *sim) route(r *Request) bool {
-	i := s.router.Route(s.now, r)
+	return s.place(r, s.router.Route(s.now, r))
+}
+
+// place sends r to engine i, sheds it, or (Wait) leaves it waiting.
+func (s *sim) place(r *Request, i int) bool {
 	switch {
 	case i == Wait:
 		return false
@@ -370,12 +386,30 @@ func (s *sim) finish(r *Request) {
 	} else {
 		s.sendAt(sess)
 	}
-	s.offer = len(s.waiting) > 0
+	s.offer = len(s.waiting) > 0 || s.holder != nil
 }
 
-// offerWaiting routes the router's waiting requests again, in arrival order.
+// offerWaiting routes the router's waiting requests again, in arrival order; a Holder
+// releases its own, and is woken at its next queue timeout.
 func (s *sim) offerWaiting() {
 	s.offer = false
+	if s.holder != nil {
+		for {
+			r, i := s.holder.Release(s.now)
+			if r == nil {
+				break
+			}
+			if i == Wait {
+				panic("fleetsim: a Holder released a request to wait")
+			}
+			s.place(r, i)
+		}
+		if w := s.holder.Wake(); w > 0 && w != s.wake {
+			s.wake = w
+			s.push(w, evWake, 0, 0)
+		}
+		return
+	}
 	waiting := s.waiting
 	s.waiting = nil
 	for _, w := range waiting {
