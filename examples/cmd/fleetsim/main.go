@@ -108,6 +108,7 @@ func main() {
 		os.Exit(1)
 	}
 	card.Table(os.Stdout)
+	card.WriteFlowTargets(os.Stdout, []string{"kv_cache_aware", "kv_flow", "sglang", "least_conn"})
 	fmt.Fprintf(os.Stderr, "wrote %s in %.1fs\n", path, time.Since(start).Seconds())
 }
 
