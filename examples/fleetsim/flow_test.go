@@ -293,3 +293,36 @@ func TestFlowQueueWaitBelowCapacity(t *testing.T) {
 		t.Logf("%s: queue wait p99 %v ms, TTFT p99 %v ms", name, f.QueueWaitP99, f.TTFTP99)
 	}
 }
+
+// The batch slots kv_flow holds requests at are learned from the engines' readings
+// (decide.Slots): a reading with requests waiting is a sample of the capacity. With no slack
+// the router never lets an engine run more than the figure, so a figure learned low (a
+// queue formed below max_num_seqs: the token budget, KV room) is not corrected; with one
+// request of slack the engines run past it and every engine's figure reaches its
+// max_num_seqs (docs/simulator.md).
+func TestFlowSlotsLearned(t *testing.T) {
+	sc := scenario(t, "priority_flood")
+	b, err := Build(sc, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	capacity, _, err := Calibrate(scenario(t, "chat-50"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, slack := range []int64{0, 1} {
+		f := FlowPolicy(decide.DefaultRule).New(1).(*kvFlow)
+		f.slack = slack
+		Run(sc, b, 1, sc.Load*capacity, f)
+		var slots []int64
+		for i := range f.up {
+			slots = append(slots, f.up[i].slotCount)
+		}
+		t.Logf("slack %d: slots learned %v (max_num_seqs %d)", slack, slots, sc.Engines[0].MaxNumSeqs)
+		for i, n := range slots {
+			if n <= 0 || n > int64(sc.Engines[i].MaxNumSeqs) || (slack == 1 && n != int64(sc.Engines[i].MaxNumSeqs)) {
+				t.Errorf("slack %d: engine %d's slots learned %d, max_num_seqs %d", slack, i, n, sc.Engines[i].MaxNumSeqs)
+			}
+		}
+	}
+}

@@ -42,8 +42,11 @@ type kvFlow struct {
 	leave   []bool          // per engine: saturated, left out of the decision
 	now     time.Duration
 	// slack is how many requests an engine may hold beyond its learned slots before it counts
-	// as saturated: 0 in kv_flow, as issue 35 has it (docs/simulator.md: what 1 changes).
-	slack int64
+	// as saturated, and spread how many more a request dispatched may go to
+	// (the decision then chooses among the engines below slots + slack + spread, not only
+	// those with a free slot): both 0 in kv_flow, as issue 35 has it; docs/simulator.md
+	// shows what other values change (experiments, not a policy of the card).
+	slack, spread int64
 }
 
 // flowBand is one band of flow_control: the priority that names it and its queue timeout.
@@ -89,10 +92,14 @@ func (f *kvFlow) band(priority string) int {
 	return 0
 }
 
-// saturated reports whether engine i's requests in flight reach its learned batch slots.
-func (f *kvFlow) saturated(i int) bool {
+// saturated reports whether engine i's requests in flight reach its learned batch slots
+// (plus the slack).
+func (f *kvFlow) saturated(i int) bool { return f.full(i, f.slack) }
+
+// full reports whether engine i's requests in flight reach its learned slots plus extra.
+func (f *kvFlow) full(i int, extra int64) bool {
 	u := &f.up[i]
-	return u.slotCount > 0 && u.inFlight+u.externalLoad(int64(f.now)) >= u.slotCount+f.slack
+	return u.slotCount > 0 && u.inFlight+u.externalLoad(int64(f.now)) >= u.slotCount+extra
 }
 
 // ready reports whether an engine can take a request of model now (every engine serves every
@@ -121,11 +128,11 @@ func (f *kvFlow) Route(now time.Duration, req *Request) int {
 	return Wait
 }
 
-// dispatch routes req by kvroute's decision among the engines not saturated, and charges its
-// tenant.
+// dispatch routes req by kvroute's decision among the engines not saturated (with spread:
+// not full beyond it), and charges its tenant.
 func (f *kvFlow) dispatch(now time.Duration, req *Request) int {
 	for i := range f.leave {
-		f.leave[i] = f.saturated(i)
+		f.leave[i] = f.full(i, f.slack+f.spread)
 	}
 	f.kvRouter.leave = f.leave
 	i := f.kvRouter.Route(now, req)
