@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"math"
 	"regexp"
+	"strings"
 	"testing"
 	"time"
 
@@ -324,5 +325,35 @@ func TestFlowSlotsLearned(t *testing.T) {
 				t.Errorf("slack %d: engine %d's slots learned %d, max_num_seqs %d", slack, i, n, sc.Engines[i].MaxNumSeqs)
 			}
 		}
+	}
+}
+
+// A tenant is charged at dispatch the router's estimate of the prompt tokens plus the output
+// weight times max_tokens, and the charge is corrected to the answer's usage; an aborted
+// request keeps its estimate (no usage to correct it with).
+func TestFlowCharges(t *testing.T) {
+	f := FlowPolicy(decide.DefaultRule).New(1).(*kvFlow)
+	f.Start([]EngineInfo{{ID: "engine-0", Model: "m"}})
+	r := &Request{ID: 7, Model: "m", Tenant: "a", Text: strings.Repeat("word ", 400), Output: 50}
+	r.Chars = len(r.Text)
+	if i := f.Route(time.Second, r); i != 0 {
+		t.Fatalf("Route = %d, want engine 0 (no slots learned: never saturated)", i)
+	}
+	est := float64(f.tokensOf("m", int64(r.Chars))) + kvFlowOutputWeight*50
+	if got := f.q.Served("a"); got != est || est != 500+100 {
+		t.Fatalf("charged %v at dispatch, want the estimate %v (500 prompt tokens at 4 chars per token + 2 × 50)", got, est)
+	}
+	f.Done(2*time.Second, r, 0, Usage{PromptTokens: 480, CompletionTokens: 30, FirstToken: time.Second + time.Millisecond})
+	if got, want := f.q.Served("a"), 480.0+kvFlowOutputWeight*30; got != want {
+		t.Fatalf("served %v after the answer, want its usage %v", got, want)
+	}
+	r2 := &Request{ID: 8, Model: "m", Tenant: "a", Text: r.Text, Chars: r.Chars, Output: 50}
+	f.Route(3*time.Second, r2)
+	f.Done(4*time.Second, r2, 0, Usage{Aborted: true})
+	if got, want := f.q.Served("a"), 540+est; got != want {
+		t.Fatalf("served %v after an aborted request, want %v", got, want)
+	}
+	if len(f.charged) != 0 {
+		t.Errorf("charges left: %v", f.charged)
 	}
 }
