@@ -369,6 +369,10 @@ func (s settings) core() decide.Options {
 		LeastBusyOnImbalance: s.onImbalance != "prefix_in_band",
 		ExpectedTokens:       s.expectedTokens,
 		TTFTSlack:            s.ttftSlack,
+		// Issue 34: decision thresholds sees batch slots (no option: the fleet simulator's
+		// scorecard chose them, docs/decision.md).
+		SlotRank: true,
+		SlotMove: true,
 	}
 	strategy, _ := energy.ParseStrategy(s.fallback)
 	o.Placer = energy.NewPlacer(strategy)

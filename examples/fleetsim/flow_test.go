@@ -165,58 +165,67 @@ func TestClassesOnlyWhereThereAreClasses(t *testing.T) {
 	}
 }
 
-// flowChecked wraps kv_flow and checks, at every answer of Release, the flow-control
-// contract: a request is dispatched only to an engine that is not saturated; a batch request
-// never goes while an interactive one waits (the same model); a request is shed only at its
-// band's timeout; and when Release answers nil with requests waiting, every engine is
-// saturated (work-conserving). It counts what it saw.
+// flowChecked wraps kv_flow and checks, at every answer of Route, the flow-control contract:
+// a request goes only to an engine that is not full; a batch request never goes while an
+// interactive one waits (one model); a held request is shed exactly at its band's timeout;
+// and no event ends with a free slot and requests waiting (work-conserving: checked at the
+// next call at a later time, and at the end). It counts what it saw.
 type flowChecked struct {
-	*kvFlow
-	t                                 *testing.T
-	released, shed, idleChecks, inner int
-	routedAt                          map[int]time.Duration
+	*kvRouter
+	t                       *testing.T
+	released, shed, blocked int
+	routedAt                map[int]time.Duration
+	strandedAt              time.Duration // a call left a free slot and requests waiting (-1: none)
+}
+
+func (c *flowChecked) waiting() int {
+	n := c.queue.Len()
+	if c.fc.pick != nil {
+		n++
+	}
+	return n
 }
 
 func (c *flowChecked) Route(now time.Duration, r *Request) int {
-	i := c.kvFlow.Route(now, r)
-	if i >= 0 {
-		c.routedAt[r.ID] = now
+	at := int64(now)
+	if c.strandedAt >= 0 && now > c.strandedAt {
+		c.t.Fatalf("%v: a slot was left free with %d requests waiting", c.strandedAt, c.waiting())
 	}
-	return i
-}
-
-func (c *flowChecked) Release(now time.Duration) (*Request, int) {
-	// What the queue holds before the answer.
-	interactive := c.q.LenBand(c.band("interactive"))
-	sat := make([]bool, len(c.up))
+	held := c.items[r.ID] != nil
+	interactive := c.queue.LenBand(0)
+	if p := c.fc.pick; p != nil && p.Band == 0 {
+		interactive++
+	}
+	full := make([]bool, len(c.up))
 	for i := range c.up {
-		sat[i] = c.saturated(i)
+		full[i] = c.full(i, at)
 	}
-	r, i := c.kvFlow.Release(now)
+	i := c.kvRouter.Route(now, r)
 	switch {
-	case r == nil:
-		if c.q.Len() > 0 {
-			c.idleChecks++
-			if c.ready("") {
-				c.t.Fatalf("%v: Release answered nil with %d waiting and an engine free", now, c.q.Len())
-			}
-		}
-	case i == Shed:
-		c.shed++
-		if want := c.bands[c.band(r.Priority)].timeout; now-r.Arrival != want {
-			c.t.Fatalf("request %d (%q) shed after %v, its band's timeout is %v", r.ID, r.Priority, now-r.Arrival, want)
-		}
-	default:
-		c.released++
+	case i >= 0:
 		c.routedAt[r.ID] = now
-		if sat[i] {
-			c.t.Fatalf("%v: request %d dispatched to engine %d, saturated (%d in flight, %d slots)", now, r.ID, i, c.up[i].inFlight-1, c.up[i].slotCount)
+		if held {
+			c.released++
+		}
+		if full[i] {
+			c.t.Fatalf("%v: request %d went to engine %d, full (%d in flight before, %d slots)", now, r.ID, i, c.up[i].inFlight-1, c.up[i].slotCount)
 		}
 		if r.Priority == "batch" && interactive > 0 {
-			c.t.Fatalf("%v: batch request %d dispatched while %d interactive wait", now, r.ID, interactive)
+			c.t.Fatalf("%v: batch request %d went while %d interactive wait", now, r.ID, interactive)
 		}
+	case i == Shed && held:
+		c.shed++
+		if want := c.fc.bands[c.fc.band(r.Priority)].timeout; now-r.Arrival != want {
+			c.t.Fatalf("request %d (%q) shed after %v, its band's timeout is %v", r.ID, r.Priority, now-r.Arrival, want)
+		}
+	case i == Wait && held && !c.anyFree(at):
+		c.blocked++
 	}
-	return r, i
+	c.strandedAt = -1
+	if c.waiting() > 0 && c.anyFree(at) {
+		c.strandedAt = now
+	}
+	return i
 }
 
 func flowRun(t *testing.T, name string, requests int) (*flowChecked, *Result) {
@@ -233,12 +242,16 @@ func flowRun(t *testing.T, name string, requests int) (*flowChecked, *Result) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := &flowChecked{kvFlow: FlowPolicy(decide.DefaultRule).New(1).(*kvFlow), t: t, routedAt: map[int]time.Duration{}}
-	return c, Run(sc, b, 1, sc.Load*capacity, c)
+	c := &flowChecked{kvRouter: FlowPolicy(decide.DefaultRule).New(1).(*kvRouter), t: t, routedAt: map[int]time.Duration{}, strandedAt: -1}
+	res := Run(sc, b, 1, sc.Load*capacity, c)
+	if c.strandedAt >= 0 && c.strandedAt < res.End {
+		t.Fatalf("%v: a slot was left free with %d requests waiting", c.strandedAt, c.waiting())
+	}
+	return c, res
 }
 
-// kv_flow on the floods: the contract above at every release; every request is answered,
-// shed, or still waiting at the horizon, never two of these, and only those held waited.
+// kv_flow on the floods: the contract above at every answer; every request is answered,
+// shed, or still waiting at the horizon, never two of these.
 func TestFlowContract(t *testing.T) {
 	for _, name := range []string{"tenants_flood", "priority_flood"} {
 		c, res := flowRun(t, name, 0)
@@ -260,16 +273,13 @@ func TestFlowContract(t *testing.T) {
 				waited++
 			}
 		}
-		if c.released != waited {
-			t.Errorf("%s: %d released from the queue, %d requests waited", name, c.released, waited)
-		}
-		if c.released == 0 || c.idleChecks == 0 {
-			t.Errorf("%s: the queue was never used (released %d, idle checks %d)", name, c.released, c.idleChecks)
+		if c.released < waited || waited == 0 || c.blocked == 0 {
+			t.Errorf("%s: %d released from the queue, %d requests waited, %d offers found the fleet full", name, c.released, waited, c.blocked)
 		}
 		if name == "tenants_flood" && c.shed == 0 {
 			t.Errorf("%s: nothing shed at the 10 s timeout", name)
 		}
-		t.Logf("%s: %d released, %d shed at their timeout, %d unserved at the horizon, %d checks of a full fleet", name, c.released, c.shed, unserved, c.idleChecks)
+		t.Logf("%s: %d released, %d shed at their timeout, %d unserved at the horizon, %d offers found the fleet full", name, c.released, c.shed, unserved, c.blocked)
 	}
 }
 
@@ -296,11 +306,12 @@ func TestFlowQueueWaitBelowCapacity(t *testing.T) {
 }
 
 // The batch slots kv_flow holds requests at are learned from the engines' readings
-// (decide.Slots): a reading with requests waiting is a sample of the capacity. With no slack
-// the router never lets an engine run more than the figure, so a figure learned low (a
-// queue formed below max_num_seqs: the token budget, KV room) is not corrected; with one
-// request of slack the engines run past it and every engine's figure reaches its
-// max_num_seqs (docs/simulator.md).
+// (decide.Slots): a reading with requests waiting is a sample of the capacity, and while the
+// router holds requests a reading running the figure keeps it (ObserveHeld). With no margin
+// the router never lets an engine run more than the figure, so a figure learned low (a queue
+// formed below max_num_seqs: the token budget, KV room) is not corrected; with a margin of
+// one request (KVSettings.HoldMargin) the engines run past it and every engine's figure
+// reaches its max_num_seqs (docs/simulator.md).
 func TestFlowSlotsLearned(t *testing.T) {
 	sc := scenario(t, "priority_flood")
 	b, err := Build(sc, 1)
@@ -311,18 +322,17 @@ func TestFlowSlotsLearned(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, slack := range []int64{0, 1} {
-		f := FlowPolicy(decide.DefaultRule).New(1).(*kvFlow)
-		f.slack = slack
-		Run(sc, b, 1, sc.Load*capacity, f)
+	for _, margin := range []int64{0, 1} {
+		k := FlowPolicy(decide.DefaultRule, func(s *KVSettings) { s.HoldMargin = margin }).New(1).(*kvRouter)
+		Run(sc, b, 1, sc.Load*capacity, k)
 		var slots []int64
-		for i := range f.up {
-			slots = append(slots, f.up[i].slotCount)
+		for i := range k.up {
+			slots = append(slots, k.up[i].slotCount)
 		}
-		t.Logf("slack %d: slots learned %v (max_num_seqs %d)", slack, slots, sc.Engines[0].MaxNumSeqs)
+		t.Logf("margin %d: slots learned %v (max_num_seqs %d)", margin, slots, sc.Engines[0].MaxNumSeqs)
 		for i, n := range slots {
-			if n <= 0 || n > int64(sc.Engines[i].MaxNumSeqs) || (slack == 1 && n != int64(sc.Engines[i].MaxNumSeqs)) {
-				t.Errorf("slack %d: engine %d's slots learned %d, max_num_seqs %d", slack, i, n, sc.Engines[i].MaxNumSeqs)
+			if n <= 0 || n > int64(sc.Engines[i].MaxNumSeqs) || (margin == 1 && n != int64(sc.Engines[i].MaxNumSeqs)) {
+				t.Errorf("margin %d: engine %d's slots learned %d, max_num_seqs %d", margin, i, n, sc.Engines[i].MaxNumSeqs)
 			}
 		}
 	}
@@ -332,28 +342,28 @@ func TestFlowSlotsLearned(t *testing.T) {
 // weight times max_tokens, and the charge is corrected to the answer's usage; an aborted
 // request keeps its estimate (no usage to correct it with).
 func TestFlowCharges(t *testing.T) {
-	f := FlowPolicy(decide.DefaultRule).New(1).(*kvFlow)
-	f.Start([]EngineInfo{{ID: "engine-0", Model: "m"}})
+	k := FlowPolicy(decide.DefaultRule).New(1).(*kvRouter)
+	k.Start([]EngineInfo{{ID: "engine-0", Model: "m"}})
 	r := &Request{ID: 7, Model: "m", Tenant: "a", Text: strings.Repeat("word ", 400), Output: 50}
 	r.Chars = len(r.Text)
-	if i := f.Route(time.Second, r); i != 0 {
-		t.Fatalf("Route = %d, want engine 0 (no slots learned: never saturated)", i)
+	if i := k.Route(time.Second, r); i != 0 {
+		t.Fatalf("Route = %d, want engine 0 (no slots learned: never full)", i)
 	}
-	est := float64(f.tokensOf("m", int64(r.Chars))) + kvFlowOutputWeight*50
-	if got := f.q.Served("a"); got != est || est != 500+100 {
+	est := float64(k.tokensOf("m", int64(r.Chars))) + kvFlowOutputWeight*50
+	if got := k.queue.Served("a"); got != est || est != 500+100 {
 		t.Fatalf("charged %v at dispatch, want the estimate %v (500 prompt tokens at 4 chars per token + 2 × 50)", got, est)
 	}
-	f.Done(2*time.Second, r, 0, Usage{PromptTokens: 480, CompletionTokens: 30, FirstToken: time.Second + time.Millisecond})
-	if got, want := f.q.Served("a"), 480.0+kvFlowOutputWeight*30; got != want {
+	k.Done(2*time.Second, r, 0, Usage{PromptTokens: 480, CompletionTokens: 30, FirstToken: time.Second + time.Millisecond})
+	if got, want := k.queue.Served("a"), 480.0+kvFlowOutputWeight*30; got != want {
 		t.Fatalf("served %v after the answer, want its usage %v", got, want)
 	}
 	r2 := &Request{ID: 8, Model: "m", Tenant: "a", Text: r.Text, Chars: r.Chars, Output: 50}
-	f.Route(3*time.Second, r2)
-	f.Done(4*time.Second, r2, 0, Usage{Aborted: true})
-	if got, want := f.q.Served("a"), 540+est; got != want {
+	k.Route(3*time.Second, r2)
+	k.Done(4*time.Second, r2, 0, Usage{Aborted: true})
+	if got, want := k.queue.Served("a"), 540+est; got != want {
 		t.Fatalf("served %v after an aborted request, want %v", got, want)
 	}
-	if len(f.charged) != 0 {
-		t.Errorf("charges left: %v", f.charged)
+	if len(k.fc.charged) != 0 {
+		t.Errorf("charges left: %v", k.fc.charged)
 	}
 }

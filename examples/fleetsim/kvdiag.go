@@ -117,7 +117,7 @@ func (r *kvDiagRouter) Route(now time.Duration, req *Request) int {
 
 // DiagnoseKV runs scenario sc's seed with kvroute's decision rule and diagnoses it; tune, when
 // set, changes the decision's options first (an experiment: kvroute's defaults otherwise).
-func DiagnoseKV(sc *Scenario, seed uint64, rule decide.Rule, tune func(*decide.Options)) (*KVDiagnosis, *Figures, error) {
+func DiagnoseKV(sc *Scenario, seed uint64, rule decide.Rule, tune func(*KVSettings)) (*KVDiagnosis, *Figures, error) {
 	capacity, slo, err := Calibrate(sc)
 	if err != nil {
 		return nil, nil, err
@@ -128,7 +128,7 @@ func DiagnoseKV(sc *Scenario, seed uint64, rule decide.Rule, tune func(*decide.O
 	}
 	r := &kvDiagRouter{kvRouter: newKVRouter(rule, "kv_"+RuleName(rule), seed), sc: sc, d: &KVDiagnosis{}}
 	if tune != nil {
-		tune(&r.opts)
+		r.tune(tune)
 	}
 	res := Run(sc, b, seed, sc.Load*capacity, r)
 	return r.d, Measure(res, slo), nil

@@ -9,6 +9,7 @@ import (
 
 	"github.com/kvroute/caddy-kvroute/examples/llmsim/engine"
 	"github.com/kvroute/caddy-kvroute/kvroute/decide"
+	"github.com/kvroute/caddy-kvroute/kvroute/flow"
 	"github.com/kvroute/caddy-kvroute/tree"
 )
 
@@ -55,9 +56,20 @@ type kvRouter struct {
 	sess   map[kvSessionKey]*kvBinding
 	chars  map[string]*kvChars // per model: chars per token
 	evict  time.Duration       // the last periodic eviction
-	// leave, when set, are the engines the next decision leaves out (kv_flow: those
-	// saturated), unless it would leave out all of them.
-	leave []bool
+	// Late binding (queueTimeout > 0): the requests held at the router while every engine's
+	// batch is full, in kvroute's queue (kvroute/flow: arrival order per model), each until a
+	// slot frees or it has waited queueTimeout; held says requests were held since the last
+	// readings (the learned slots are kept: decide.Slots.ObserveHeld).
+	queueTimeout time.Duration
+	queue        *flow.Queue
+	items        map[int]*flow.Item
+	held         bool
+	// misordered counts dispatches out of the queue's order (a test asserts none).
+	misordered int
+	holdMargin int64 // EXPERIMENT
+	// fc is flow control (kv_flow; nil: none): late binding with priority bands and tenants
+	// (kvflow.go).
+	fc *flowControl
 	// last is the latest decision's path and chosen engine (for diagnostics).
 	last struct {
 		path   decide.Path
@@ -176,6 +188,86 @@ func (k *kvRouter) Start(engines []EngineInfo) {
 	k.track = map[int]*kvTrack{}
 	k.sess = map[kvSessionKey]*kvBinding{}
 	k.chars = map[string]*kvChars{}
+	k.queue = flow.New(flow.Config{})
+	if k.fc != nil {
+		k.queue = flow.New(flow.Config{Bands: len(k.fc.bands), MaxQueued: k.fc.maxQueued})
+		k.fc.charged = map[int]float64{}
+	}
+	k.items = map[int]*flow.Item{}
+}
+
+// WakeAt is when a request the router answered Wait must be offered again even if no slot
+// frees: when it has waited queueTimeout.
+func (k *kvRouter) WakeAt(req *Request) time.Duration {
+	if k.fc != nil {
+		return req.Arrival + k.fc.bands[k.fc.band(req.Priority)].timeout
+	}
+	if k.queueTimeout <= 0 {
+		return 0
+	}
+	return req.Arrival + k.queueTimeout
+}
+
+// full reports whether engine i's batch slots are all taken as the router knows them: its
+// load (requests in flight, its own and the engine's external ones) reaches the slots
+// learned, while its reading stands. An engine whose slots are not learned is never full.
+func (k *kvRouter) full(i int, at int64) bool {
+	u := &k.up[i]
+	if !u.learned || u.slotCount <= 0 || !u.hasView || at > u.until {
+		return false
+	}
+	return u.inFlight+u.externalLoad(at) >= u.slotCount+k.holdMargin
+}
+
+// admit is late binding: whether req goes to an engine now, or waits at the router (it then
+// holds a place in the queue). A request waits while every engine is full, or while requests
+// of its model that came before it wait; it goes when a slot frees, in the queue's order, or
+// when it has waited queueTimeout (then as without late binding).
+func (k *kvRouter) admit(now time.Duration, req *Request) bool {
+	if k.fc != nil {
+		panic("fleetsim: admit with flow control (admitFlow)")
+	}
+	if k.queueTimeout <= 0 {
+		return true
+	}
+	at := int64(now)
+	it := k.items[req.ID]
+	if it != nil && now-req.Arrival >= k.queueTimeout {
+		k.queue.Remove(it)
+		delete(k.items, req.ID)
+		return true
+	}
+	free := false
+	for i := range k.up {
+		if !k.full(i, at) {
+			free = true
+			break
+		}
+	}
+	if it == nil {
+		if free && k.queue.LenModel(req.Model) == 0 {
+			return true
+		}
+		it = &flow.Item{Model: req.Model, Value: req.ID}
+		k.queue.Push(it)
+		k.items[req.ID] = it
+		k.held = true
+		return false
+	}
+	if !free {
+		return false
+	}
+	// Every engine serves every model here: a free slot makes every model ready, and the
+	// simulator offers the waiting requests in arrival order, so the queue's next is req.
+	if next := k.queue.Next(func(string) bool { return true }); next != it {
+		k.misordered++
+		if next != nil {
+			k.queue.Push(next)
+		}
+		k.queue.Remove(it)
+	}
+	delete(k.items, req.ID)
+	return true
 }
 
 // charsPerToken is model's learned chars per token, else the default.
@@ -204,6 +296,13 @@ func (k *kvRouter) tokensOf(model string, chars int64) int64 {
 
 // Route is kvroute's Select: gather, decide, record.
 func (k *kvRouter) Route(now time.Duration, req *Request) int {
+	if k.fc != nil {
+		if a := k.admitFlow(now, req); a != admitted {
+			return a
+		}
+	} else if !k.admit(now, req) {
+		return Wait
+	}
 	at := int64(now)
 	if now-k.evict >= kvEvictionInterval {
 		k.forest.Evict()
@@ -216,9 +315,11 @@ func (k *kvRouter) Route(now time.Duration, req *Request) int {
 	}
 	// Gather.
 	dc := k.cbuf[:0]
-	leave := k.leave != nil && slices.Contains(k.leave, false)
+	// With flow control the request goes to an engine with a free slot (admitFlow let it go
+	// because there is one): the full engines are left out of the decision.
+	leave := k.fc != nil && k.anyFree(at)
 	for i := range k.up {
-		if leave && k.leave[i] {
+		if leave && k.full(i, at) {
 			continue
 		}
 		u := &k.up[i]
@@ -286,6 +387,9 @@ func (k *kvRouter) Route(now time.Duration, req *Request) int {
 	}
 	u.model, u.modelSet = req.Model, true
 	k.last.path, k.last.engine, k.last.cands, k.last.req = res.Path, i, dc, snap.Request
+	if k.fc != nil {
+		k.fc.charge(k.queue, req, estimate)
+	}
 	return i
 }
 
@@ -387,6 +491,9 @@ func (k *kvRouter) Done(now time.Duration, req *Request, i int, us Usage) {
 		return
 	}
 	delete(k.track, req.ID)
+	if k.fc != nil {
+		k.fc.correct(k.queue, req, us)
+	}
 	u := &k.up[i]
 	u.inFlight--
 	u.queuedTokens -= t.estimate
@@ -439,6 +546,9 @@ func (k *kvRouter) Reading(now time.Duration, i int, r engine.Reading) {
 	}
 	k.learnFrom(i, d, &r, at)
 	u.prev, u.prevAt, u.hasPrev = r, now, true
+	if i == len(k.up)-1 {
+		k.held = k.queue.Len() > 0
+	}
 }
 
 // deltaOf is the interval's totals between two readings; a process start time that moved or a
@@ -515,7 +625,11 @@ func (k *kvRouter) learnFrom(i int, d *kvDelta, r *engine.Reading, at int64) {
 	if v, ok := u.decode.Value(); ok {
 		u.decodeSpeed, u.decodeLearnd = v, true
 	}
-	u.slots.ObserveGauges(int64(r.Running), int64(r.Waiting), at)
+	if k.held && r.Waiting <= 0 {
+		u.slots.ObserveHeld(int64(r.Running), at)
+	} else {
+		u.slots.ObserveGauges(int64(r.Running), int64(r.Waiting), at)
+	}
 	u.slotCount, u.meanOutput = u.slots.Figures(at)
 	u.learned = true
 }
@@ -561,15 +675,35 @@ func (k *kvRouter) setLimits() {
 
 // KVPolicies are kvroute's decisions as policies: kv_cache_aware (def, kvroute's default
 // decision: decide.DefaultRule), kv_thresholds and kv_cost (objective latency), each with
-// kvroute's default options.
-func KVPolicies(def decide.Rule) []Policy {
+// kvroute's default options, changed by tune when given (an experiment).
+func KVPolicies(def decide.Rule, tune ...func(*KVSettings)) []Policy {
 	mk := func(name string, rule decide.Rule) Policy {
 		// kv_cache_aware draws from the same stream as the policy of its decision: the two
 		// make the same choices.
 		stream := "kv_" + RuleName(rule)
-		return Policy{name, func(seed uint64) Router { return newKVRouter(rule, stream, seed) }}
+		return Policy{name, func(seed uint64) Router {
+			k := newKVRouter(rule, stream, seed)
+			k.tune(tune...)
+			return k
+		}}
 	}
 	return []Policy{mk("kv_cache_aware", def), mk("kv_thresholds", decide.Thresholds), mk("kv_cost", decide.Cost)}
+}
+
+// KVSettings are what an experiment may change in kvroute's policies: the decision's
+// options and late binding's queue_timeout (0: off).
+type KVSettings struct {
+	Options      decide.Options
+	QueueTimeout time.Duration
+	HoldMargin   int64 // EXPERIMENT
+}
+
+func (k *kvRouter) tune(tune ...func(*KVSettings)) {
+	st := KVSettings{Options: k.opts, QueueTimeout: k.queueTimeout, HoldMargin: k.holdMargin}
+	for _, t := range tune {
+		t(&st)
+	}
+	k.opts, k.queueTimeout, k.holdMargin = st.Options, st.QueueTimeout, st.HoldMargin
 }
 
 // RuleName is the card's name of a decision ("thresholds", "cost").

@@ -1,7 +1,9 @@
 package fleetsim
 
 import (
+	"cmp"
 	"math"
+	"slices"
 	"testing"
 	"time"
 
@@ -118,4 +120,68 @@ func TestKVRouterRestart(t *testing.T) {
 			t.Errorf("engine %d: after the run, in flight %d, queued %d, prefill %d", i, u.inFlight, u.queuedTokens, u.prefillTokens)
 		}
 	}
+}
+
+// Late binding (queue_timeout): on chat-closed-64 (64 clients on 32 batch slots) the router
+// holds requests while every engine runs its learned slots, sends them in arrival order when
+// a slot frees, never longer than the timeout (a request that waited it goes on as without
+// late binding), loses none, and keeps the slots it learned while it holds (the engines then
+// stop queueing: decide.Slots.ObserveHeld).
+func TestKVLateBinding(t *testing.T) {
+	sc := scenario(t, "chat-closed-64")
+	sc.Requests = 16000 // about 6 min: longer than a slot sample stands (decide.SlotSampleLife)
+	b, err := Build(sc, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const timeout = 2 * time.Second
+	k := newKVRouter(decide.Thresholds, "kv_test", 1)
+	k.queueTimeout = timeout
+	res := Run(sc, b, 1, 0, k)
+	var waited []*Request
+	var longest time.Duration
+	for _, r := range res.Requests {
+		if r.Done == 0 || r.Engine < 0 {
+			t.Fatalf("request %d not answered (engine %d)", r.ID, r.Engine)
+		}
+		if w := r.Routed - r.Arrival; w > 0 {
+			waited = append(waited, r)
+			longest = max(longest, w)
+		}
+	}
+	if len(waited) < len(res.Requests)/10 {
+		t.Errorf("%d of %d requests waited at the router, want many (64 clients on 32 slots)", len(waited), len(res.Requests))
+	}
+	// The simulator offers a request again when a request ends or a reading comes: a timed-out
+	// one leaves at its bound (its wake-up), never later.
+	if longest > timeout {
+		t.Errorf("a request waited %v at the router, beyond queue_timeout %v", longest, timeout)
+	}
+	// One model: the requests that waited left in their arrival order.
+	// (Requests sent at the same instant are in the order the simulator sent them, which the
+	// figures do not show: each must leave no earlier than every request sent before it.)
+	slices.SortStableFunc(waited, func(a, b *Request) int { return cmp.Compare(a.Arrival, b.Arrival) })
+	var before, group time.Duration // the latest departure of the earlier arrivals; of this instant's
+	for i := 1; i < len(waited); i++ {
+		if waited[i].Arrival > waited[i-1].Arrival {
+			before, group = max(before, group, waited[i-1].Routed), 0
+		}
+		group = max(group, waited[i-1].Routed)
+		if waited[i].Routed < before {
+			t.Fatalf("request %d (arrived %v) left at %v, before request %d (arrived %v) at %v",
+				waited[i].ID, waited[i].Arrival, waited[i].Routed, waited[i-1].ID, waited[i-1].Arrival, waited[i-1].Routed)
+		}
+	}
+	if k.misordered != 0 || k.queue.Len() != 0 || len(k.items) != 0 {
+		t.Errorf("misordered %d, %d still queued (%d items)", k.misordered, k.queue.Len(), len(k.items))
+	}
+	for i := range k.up {
+		if u := &k.up[i]; u.slotCount != int64(sc.Engines[i].MaxNumSeqs) {
+			t.Errorf("engine %d: %d slots learned at the end, want its %d kept while the router held requests", i, u.slotCount, sc.Engines[i].MaxNumSeqs)
+		}
+	}
+	if span := res.End - res.Start; span < time.Duration(decide.SlotSampleLife)+30*time.Second {
+		t.Errorf("the run lasted %v: too short to see a learned slot count lapse", span)
+	}
+	t.Logf("%d of %d requests waited, the longest %v; the run lasted %v", len(waited), len(res.Requests), longest, res.End-res.Start)
 }

@@ -11,7 +11,7 @@ import (
 // Route's answers other than an engine's index.
 const (
 	// Wait keeps the request at the router; it is offered again, in arrival order with the
-	// others waiting, each time a request ends (a Holder keeps it and releases it itself).
+	// others waiting, each time a request ends.
 	Wait = -1
 	// Shed refuses the request (a 429): it counts in shed_rps and is never served.
 	Shed = -2
@@ -47,17 +47,6 @@ type Router interface {
 	Reading(now time.Duration, engine int, r engine.Reading)
 	FirstToken(now time.Duration, req *Request, engine int)
 	Done(now time.Duration, req *Request, engine int, u Usage)
-}
-
-// Holder is a router with a queue of its own (kv_flow: flow control): the requests it answers
-// Wait to stay with it, not with the simulator, and it says which go when. After each event
-// that may free capacity or end a wait (a request ends, a reading, a request held, a wake-up)
-// the simulator calls Release until it answers nil: each answer is a held request and the
-// engine it goes to now, or Shed. Wake is when the router wants Release called though nothing
-// else happened (its earliest queue timeout; 0: none).
-type Holder interface {
-	Release(now time.Duration) (*Request, int)
-	Wake() time.Duration
 }
 
 // Omniscient routers are given the engines themselves (the oracle).

@@ -166,6 +166,13 @@ func Scenarios() []*Scenario {
 	add(Scenario{Name: "mooncake-110", Family: "mooncake", Requests: traceN, Workload: mooncakeW, Engines: trace4, Load: 1.1, CharsPerToken: 4.2})
 	add(Scenario{Name: "mooncake-closed-16", Family: "mooncake", Requests: traceN, Workload: mooncakeW, Engines: trace4, Clients: 16, CharsPerToken: 4.2})
 	add(Scenario{Name: "conversation-80", Family: "conversation", Requests: traceN, Workload: conversationW, Engines: trace4, Load: 0.8, CharsPerToken: 3.3})
+	// The demo's fleet of issues 33 and 34 (4 workers × 4 batch slots, 16 clients): 16
+	// clients fill every slot, so where a request goes decides whether it waits for one.
+	trace4x4 := fleet(4, traceEngine())
+	for i := range trace4x4 {
+		trace4x4[i].MaxNumSeqs = 4
+	}
+	add(Scenario{Name: "mooncake-closed-16-4slots", Family: "mooncake-4slots", Requests: traceN, Workload: mooncakeW, Engines: trace4x4, Clients: 16, CharsPerToken: 4.2})
 	add(Scenario{Name: "toolagent-80", Family: "toolagent", Requests: traceN, Workload: toolAgentW, Engines: trace4, Load: 0.8, CharsPerToken: 4.6})
 	// Flow control (issue 35), on the chat fleet and its capacity. tenants: a light tenant's
 	// chat at 15% of capacity, alone and with a heavy tenant sending 10 times its requests and

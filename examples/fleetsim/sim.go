@@ -15,7 +15,7 @@ const (
 	evSide
 	evRestart
 	evTelemetry
-	evWake // a Holder's queue timeout
+	evOffer
 )
 
 type event struct {
@@ -115,8 +115,6 @@ type sim struct {
 	area      []float64
 	lastCount []int
 	offer     bool // a request ended: offer the waiting requests again
-	holder    Holder
-	wake      time.Duration // the latest wake-up pushed for the holder
 }
 
 func (s *sim) push(at time.Duration, kind, a, b int) {
@@ -141,7 +139,6 @@ func Run(sc *Scenario, b *Built, seed uint64, rate float64, router Router) *Resu
 	s.area = make([]float64, n)
 	s.lastCount = make([]int, n)
 	router.Start(s.ids)
-	s.holder, _ = router.(Holder)
 	if o, ok := router.(Omniscient); ok {
 		o.See(s.engines)
 	}
@@ -215,9 +212,7 @@ func Run(sc *Scenario, b *Built, seed uint64, rate float64, router Router) *Resu
 				s.router.Reading(s.now, i, e.Reading())
 			}
 			s.push(s.now+sc.TelemetryInterval, evTelemetry, 0, 0)
-			s.offer = s.holder != nil
-		case evWake:
-			s.offer = true
+			s.offer = len(s.waiting) > 0 // a reading may have freed a slot as the router sees it
 		case evRestart:
 			s.account(ev.a)
 			s.epoch[ev.a]++
@@ -226,6 +221,8 @@ func Run(sc *Scenario, b *Built, seed uint64, rate float64, router Router) *Resu
 				s.handle(ev.a, e)
 			}
 			s.account(ev.a)
+		case evOffer:
+			s.offer = len(s.waiting) > 0
 		case evSide:
 			s.sideSeq++
 			c := sideCall(s.sideRNG, s.sideSeq)
@@ -286,23 +283,25 @@ func (s *sim) startSession() {
 
 func (s *sim) send(r *Request) {
 	r.Arrival = s.now
-	if s.route(r) {
-		return
+	if !s.route(r) {
+		s.waiting = append(s.waiting, r)
+		if w, ok := s.router.(Waker); ok {
+			if at := w.WakeAt(r); at > s.now {
+				s.push(at, evOffer, 0, 0)
+			}
+		}
 	}
-	if s.holder != nil {
-		s.offer = true // the router holds it: it may time out
-		return
-	}
-	s.waiting = append(s.waiting, r)
+}
+
+// Waker is a router that bounds how long a request waits at it: WakeAt is when the simulator
+// offers a request it answered Wait again even if nothing ended (0: only when a request ends).
+type Waker interface {
+	WakeAt(req *Request) time.Duration
 }
 
 // route asks the router; Wait queues r at the router.
 func (s *sim) route(r *Request) bool {
-	return s.place(r, s.router.Route(s.now, r))
-}
-
-// place sends r to engine i, sheds it, or (Wait) leaves it waiting.
-func (s *sim) place(r *Request, i int) bool {
+	i := s.router.Route(s.now, r)
 	switch {
 	case i == Wait:
 		return false
@@ -386,35 +385,26 @@ func (s *sim) finish(r *Request) {
 	} else {
 		s.sendAt(sess)
 	}
-	s.offer = len(s.waiting) > 0 || s.holder != nil
+	s.offer = len(s.waiting) > 0
 }
 
-// offerWaiting routes the router's waiting requests again, in arrival order; a Holder
-// releases its own, and is woken at its next queue timeout.
+// offerWaiting routes the router's waiting requests again, in arrival order.
+//
+// Passes repeat while one moves a request (routes or sheds it): a router whose queue has an
+// order of its own (flow control) answers Wait to the requests offered before the one its
+// queue picks, and once that one goes, the next pick may be among them.
 func (s *sim) offerWaiting() {
 	s.offer = false
-	if s.holder != nil {
-		for {
-			r, i := s.holder.Release(s.now)
-			if r == nil {
-				break
+	for moved := true; moved && len(s.waiting) > 0; {
+		moved = false
+		waiting := s.waiting
+		s.waiting = nil
+		for _, w := range waiting {
+			if s.route(w) {
+				moved = true
+			} else {
+				s.waiting = append(s.waiting, w)
 			}
-			if i == Wait {
-				panic("fleetsim: a Holder released a request to wait")
-			}
-			s.place(r, i)
-		}
-		if w := s.holder.Wake(); w > 0 && w != s.wake {
-			s.wake = w
-			s.push(w, evWake, 0, 0)
-		}
-		return
-	}
-	waiting := s.waiting
-	s.waiting = nil
-	for _, w := range waiting {
-		if !s.route(w) {
-			s.waiting = append(s.waiting, w)
 		}
 	}
 }

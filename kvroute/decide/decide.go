@@ -117,6 +117,16 @@ type Options struct {
 	ExpectedTokens int
 	// TTFTSlack is decision cost's tolerance, a fraction of the best predicted TTFT.
 	TTFTSlack float64
+	// SlotRank: decision thresholds sees batch slots. Its least-busy choices (on_imbalance
+	// least_busy, and the fallback when it places by load: least_busy, or joule and carbon
+	// without energy annotations) take a candidate with a free batch slot before a full one
+	// (full: its load reaches its learned slots while its reading stands, else its
+	// max_concurrency), then the least busy as before.
+	SlotRank bool
+	// SlotMove: a session, warm or prefix choice whose batch is full moves to the best
+	// candidate in the band with a free slot when that one's predicted TTFT plus what the move
+	// forfeits is lower (decision thresholds; decision cost prices the slot wait itself).
+	SlotMove bool
 	// Rand is the source of the random choices among ties (and of fallback random); nil is
 	// the global source. A simulator passes a seeded one: the same seed, the same decisions.
 	// A *rand.Rand is not safe for concurrent use: Caddy leaves it nil.
@@ -313,7 +323,66 @@ func Decide(o *Options, s *Snapshot) Result {
 	if res.Chosen < 0 {
 		res.Chosen, res.Path = d.place(), PathFallback
 	}
+	if o.SlotMove && !cost && res.Path != PathFallback && res.Chosen >= 0 && !cands[res.Chosen].StoredResponse {
+		if i := d.freeMove(res.Chosen); i >= 0 {
+			res.Chosen = i
+		}
+	}
 	return res
+}
+
+// full reports whether c's batch slots are all taken: its load reaches its learned slots
+// (while its reading stands), else its max_concurrency.
+func (d *decision) full(c *Candidate) bool {
+	if c.Slots > 0 && d.fresh(c) {
+		return c.Load >= c.Slots
+	}
+	return c.Saturated()
+}
+
+// bySlots is SlotRank's least-busy choice among the candidates idx names (all when idx is
+// nil; of those, the ones in the band when inBand): a free batch slot before a full one, then
+// the lowest busyness, then the one holding the least, then at random.
+func (d *decision) bySlots(idx []int, inBand bool) int {
+	n := len(idx)
+	if idx == nil {
+		n = len(d.cands)
+	}
+	t := energy.Ranking{Rand: d.o.Rand}
+	for k := range n {
+		i := k
+		if idx != nil {
+			i = idx[k]
+		}
+		c := &d.cands[i]
+		if inBand && !d.inBand(c) {
+			continue
+		}
+		full := 0.0
+		if d.full(c) {
+			full = 1
+		}
+		t.Offer(i, full, busyness(c), float64(placement(c).CachedTokens))
+	}
+	return t.Best()
+}
+
+// freeMove returns, when cands[i]'s batch is full, the candidate in the band with a free
+// slot to move the request to (SlotMove), or -1 to keep it.
+func (d *decision) freeMove(i int) int {
+	w := &d.cands[i]
+	if !d.full(w) {
+		return -1
+	}
+	j := d.bySlots(nil, true)
+	if j < 0 || j == i {
+		return -1
+	}
+	c := &d.cands[j]
+	if d.full(c) || c.Cost.TTFT+forfeit(c, w) >= w.Cost.TTFT {
+		return -1
+	}
+	return j
 }
 
 // decision is one run of Decide.
@@ -392,6 +461,9 @@ func (d *decision) imbalance() (int, Path) {
 		if i := d.warmInBand(); i >= 0 {
 			return i, PathImbalance
 		}
+	}
+	if d.o.SlotRank {
+		return d.bySlots(nil, false), PathImbalance
 	}
 	return d.leastBusy(nil), PathImbalance
 }
@@ -509,6 +581,9 @@ func (d *decision) place() int {
 	if placer == nil {
 		placer = &defaultPlacer
 	}
+	if d.o.SlotRank && d.byLoad(placer, tier) {
+		return d.bySlots(tier, false)
+	}
 	i := placer.PlaceRand(ec, expected, d.o.Rand)
 	if i < 0 {
 		i = energy.IdlestRand(ec, d.o.Rand)
@@ -517,6 +592,23 @@ func (d *decision) place() int {
 }
 
 var defaultPlacer energy.Placer // joule
+
+// byLoad reports whether placer places the candidates idx names by their load: least_busy,
+// or joule and carbon when none of them has an energy annotation.
+func (d *decision) byLoad(placer *energy.Placer, idx []int) bool {
+	switch placer.Strategy() {
+	case energy.LeastBusy:
+		return true
+	case energy.Joule, energy.Carbon:
+		for _, i := range idx {
+			if pr := d.cands[i].Profile; pr != nil && (pr.EnergyPerToken > 0 || pr.CarbonIntensity > 0) {
+				return false
+			}
+		}
+		return true
+	}
+	return false
+}
 
 // Predict fills the predictions of cands for decision o at now (unix nanoseconds). Decide calls
 // it; a caller may too, to price candidates it decides otherwise.

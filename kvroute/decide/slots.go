@@ -55,6 +55,10 @@ func (s *Slots) ObserveGauges(running, waiting, at int64) {
 			return
 		}
 	}
+	s.add(running, at)
+}
+
+func (s *Slots) add(running, at int64) {
 	if s.n == SlotWindow {
 		copy(s.samples[:], s.samples[1:])
 		s.n--
@@ -101,4 +105,16 @@ func (s *Slots) Figures(now int64) (slots int64, meanOutput float64) {
 		meanOutput = tokens / requests
 	}
 	return slots, meanOutput
+}
+
+// ObserveHeld takes in a reading of the engine's running gauge at at taken while the router
+// held requests back for want of a free slot (late binding): the engine then runs at its slots
+// and queues nothing, which ObserveGauges does not count as a sample, and the figure would
+// lapse, the router stop holding and the engine queue again to teach it anew. Running at least
+// the figure learned is a sample; fewer, or no figure, is none.
+func (s *Slots) ObserveHeld(running, at int64) {
+	if cur, _ := s.Figures(at); cur <= 0 || running < cur || running > MaxSlots {
+		return
+	}
+	s.add(running, at)
 }

@@ -42,3 +42,35 @@ func TestSlots(t *testing.T) {
 		t.Errorf("%v allocations per observation", a)
 	}
 }
+
+// While the router holds requests back for want of a slot, an engine runs at its slots without
+// a queue: ObserveGauges takes no sample then, and the figure would lapse after SlotSampleLife,
+// the router stop holding, the engine queue again: a reading taken while holding keeps it.
+func TestSlotsKeptWhileHeld(t *testing.T) {
+	var s Slots
+	at := int64(1_000)
+	for range MinSlotSamples {
+		s.ObserveGauges(4, 2, at)
+	}
+	step := SlotSampleLife / 4
+	for k := int64(1); k <= 12; k++ { // three sample lives at the figure, no queue
+		s.ObserveGauges(4, 0, at+k*step)
+		s.ObserveHeld(4, at+k*step)
+	}
+	if n, _ := s.Figures(at + 12*step); n != 4 {
+		t.Errorf("held at 4 running for 3 sample lives: %d slots, want 4", n)
+	}
+	s.ObserveHeld(3, at+13*step) // fewer running than the figure: no sample
+	s.ObserveHeld(9, at+13*step) // more: a sample, as ObserveGauges takes it
+	if n, _ := s.Figures(at + 13*step); n != 4 {
+		t.Errorf("4, 4, 4, 4, 9: %d slots, want 4", n)
+	}
+	var none Slots
+	none.ObserveHeld(4, at) // nothing learned: holding teaches nothing
+	if n, _ := none.Figures(at); n != 0 {
+		t.Errorf("held with no figure: %d slots, want none", n)
+	}
+	if a := testing.AllocsPerRun(100, func() { s.ObserveHeld(4, at); s.Figures(at) }); a != 0 {
+		t.Errorf("%v allocations per held observation", a)
+	}
+}

@@ -28,10 +28,21 @@ func main() {
 	def := flag.String("default", "", "the decision kvroute's kv_cache_aware runs: thresholds or cost (default: kvroute's own default)")
 	list := flag.Bool("list", false, "list the scenarios and exit")
 	slots := flag.Int("slots", 0, "with -diagnose: run every engine with this many batch slots (max_num_seqs) instead of the scenario's")
-	tune := flag.String("options", "", "with -diagnose: change the decision's options, comma-separated: cache_threshold=X, balance_abs=N, balance_rel=X, on_imbalance=least_busy|prefix_in_band, fallback=joule|least_busy|round_robin|random")
+	tune := flag.String("options", "", "change the decision's options of kvroute's policies (an experiment: -diagnose's and the card's), comma-separated: cache_threshold=X, balance_abs=N, balance_rel=X, on_imbalance=least_busy|prefix_in_band, fallback=joule|least_busy|round_robin|random, slot_rank=0|1, slot_move=0|1; late binding: queue_timeout=SECONDS (0: off), hold_margin=N (hold when every engine runs its learned slots + N)")
 	diagnose := flag.Bool("diagnose", false, "instead of the card: diagnose kvroute's decisions (kv_thresholds, kv_cost) on the chosen scenarios and seeds: per decision path, how often a full engine was chosen while another was free")
 	requests := flag.Int("requests", 0, "cap every scenario's requests (a quick look; the card's figures are for the full counts)")
+	only := flag.String("policies", "", "run only the policies whose name matches this regular expression (with -compare's -base, a card of kvroute's policies alone can be judged)")
+	compare := flag.String("compare", "", "instead of running: judge scorecard.json files against issue 34's targets (medians over seeds; BEFORE[,AFTER]: both, and the change)")
+	policy := flag.String("policy", "kv_cache_aware", "with -compare: the policy judged")
+	base := flag.String("base", "", "with -compare: a scorecard.json to take the baselines and the oracle from where a card lacks them")
 	flag.Parse()
+	if *compare != "" {
+		if err := compareCards(*compare, *base, *policy); err != nil {
+			fmt.Fprintf(os.Stderr, "fleetsim: %v\n", err)
+			os.Exit(1)
+		}
+		return
+	}
 	if *list {
 		for _, sc := range fleetsim.Scenarios() {
 			fmt.Println(sc.Name)
@@ -79,6 +90,39 @@ func main() {
 		os.Exit(2)
 	}
 	opts := fleetsim.Options{Seeds: *seeds, Parallel: *parallel, Default: *def, Log: os.Stderr, MaxRequests: *requests}
+	tuner, err := parseTune(*tune)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "fleetsim: -options: %v\n", err)
+		os.Exit(2)
+	}
+	var tunes []func(*fleetsim.KVSettings)
+	if tuner != nil {
+		tunes = append(tunes, tuner)
+	}
+	if *only == "" && tuner != nil {
+		*only = "."
+	}
+	if *only != "" {
+		re, err := regexp.Compile(*only)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "fleetsim: -policies: %v\n", err)
+			os.Exit(2)
+		}
+		rule, ok := fleetsim.ParseRule(*def)
+		if !ok {
+			fmt.Fprintf(os.Stderr, "fleetsim: -default: want thresholds or cost, got %q\n", *def)
+			os.Exit(2)
+		}
+		for _, p := range append(fleetsim.KVPolicies(rule, tunes...), fleetsim.Baselines...) {
+			if re.MatchString(p.Name) {
+				opts.Policies = append(opts.Policies, p)
+			}
+		}
+		if len(opts.Policies) == 0 {
+			fmt.Fprintln(os.Stderr, "fleetsim: -policies matches no policy")
+			os.Exit(2)
+		}
+	}
 	if *scen != "" {
 		re, err := regexp.Compile(*scen)
 		if err != nil {
@@ -113,11 +157,11 @@ func main() {
 }
 
 // parseTune reads -options into a change of the decision's options.
-func parseTune(spec string) (func(*decide.Options), error) {
+func parseTune(spec string) (func(*fleetsim.KVSettings), error) {
 	if spec == "" {
 		return nil, nil
 	}
-	var sets []func(*decide.Options)
+	var sets []func(*fleetsim.KVSettings)
 	for _, kv := range strings.Split(spec, ",") {
 		k, v, ok := strings.Cut(strings.TrimSpace(kv), "=")
 		if !ok {
@@ -126,26 +170,72 @@ func parseTune(spec string) (func(*decide.Options), error) {
 		num, numErr := strconv.ParseFloat(v, 64)
 		switch {
 		case k == "cache_threshold" && numErr == nil:
-			sets = append(sets, func(o *decide.Options) { o.CacheThreshold = num })
+			sets = append(sets, func(o *fleetsim.KVSettings) { o.Options.CacheThreshold = num })
 		case k == "balance_abs" && numErr == nil:
-			sets = append(sets, func(o *decide.Options) { o.BalanceAbs = int64(num) })
+			sets = append(sets, func(o *fleetsim.KVSettings) { o.Options.BalanceAbs = int64(num) })
 		case k == "balance_rel" && numErr == nil:
-			sets = append(sets, func(o *decide.Options) { o.BalanceRel = num })
+			sets = append(sets, func(o *fleetsim.KVSettings) { o.Options.BalanceRel = num })
+		case k == "slot_rank" && numErr == nil:
+			sets = append(sets, func(o *fleetsim.KVSettings) { o.Options.SlotRank = num != 0 })
+		case k == "queue_timeout" && numErr == nil:
+			sets = append(sets, func(o *fleetsim.KVSettings) { o.QueueTimeout = time.Duration(num * float64(time.Second)) })
+		case k == "hold_margin" && numErr == nil:
+			sets = append(sets, func(o *fleetsim.KVSettings) { o.HoldMargin = int64(num) })
+		case k == "slot_move" && numErr == nil:
+			sets = append(sets, func(o *fleetsim.KVSettings) { o.Options.SlotMove = num != 0 })
 		case k == "on_imbalance" && (v == "least_busy" || v == "prefix_in_band"):
-			sets = append(sets, func(o *decide.Options) { o.LeastBusyOnImbalance = v == "least_busy" })
+			sets = append(sets, func(o *fleetsim.KVSettings) { o.Options.LeastBusyOnImbalance = v == "least_busy" })
 		case k == "fallback":
 			st, err := energy.ParseStrategy(v)
 			if err != nil {
 				return nil, err
 			}
-			sets = append(sets, func(o *decide.Options) { o.Placer = energy.NewPlacer(st) })
+			sets = append(sets, func(o *fleetsim.KVSettings) { o.Options.Placer = energy.NewPlacer(st) })
 		default:
 			return nil, fmt.Errorf("%q: unknown option or bad value", kv)
 		}
 	}
-	return func(o *decide.Options) {
+	return func(o *fleetsim.KVSettings) {
 		for _, set := range sets {
 			set(o)
 		}
 	}, nil
+}
+
+// compareCards judges one or two scorecards (comma-separated paths: directories hold a
+// scorecard.json) against issue 34's targets.
+func compareCards(list, base, policy string) error {
+	read := func(p string) (*fleetsim.Card, error) {
+		if st, err := os.Stat(p); err == nil && st.IsDir() {
+			p = filepath.Join(p, "scorecard.json")
+		}
+		return fleetsim.ReadCard(p)
+	}
+	var b *fleetsim.Card
+	if base != "" {
+		var err error
+		if b, err = read(base); err != nil {
+			return err
+		}
+	}
+	var as []*fleetsim.Assessment
+	for _, p := range strings.Split(list, ",") {
+		c, err := read(p)
+		if err != nil {
+			return err
+		}
+		a, err := fleetsim.Assess(c, b, policy)
+		if err != nil {
+			return fmt.Errorf("%s: %w", p, err)
+		}
+		fmt.Printf("== %s (default %s)\n", p, c.Default)
+		a.Write(os.Stdout)
+		fmt.Println()
+		as = append(as, a)
+	}
+	if len(as) == 2 {
+		fmt.Println("== change")
+		fleetsim.WriteDiff(os.Stdout, as[0], as[1])
+	}
+	return nil
 }
