@@ -39,6 +39,10 @@ type flowControl struct {
 	// pick is the request Next chose, taken out of the queue: the simulator offers the
 	// waiting requests in arrival order, and the others wait until it is offered.
 	pick *flow.Item
+	// spread lets a request go to an engine up to spread requests beyond full, so that the
+	// decision chooses among more than the engines with a free slot (an experiment: 0 in
+	// kv_flow; docs/simulator.md).
+	spread int64
 }
 
 // flowBand is one band of flow_control: the priority that names it and its queue timeout.

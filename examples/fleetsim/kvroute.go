@@ -211,12 +211,15 @@ func (k *kvRouter) WakeAt(req *Request) time.Duration {
 // full reports whether engine i's batch slots are all taken as the router knows them: its
 // load (requests in flight, its own and the engine's external ones) reaches the slots
 // learned, while its reading stands. An engine whose slots are not learned is never full.
-func (k *kvRouter) full(i int, at int64) bool {
+func (k *kvRouter) full(i int, at int64) bool { return k.fullBy(i, at, 0) }
+
+// fullBy is full with extra more requests allowed.
+func (k *kvRouter) fullBy(i int, at int64, extra int64) bool {
 	u := &k.up[i]
 	if !u.learned || u.slotCount <= 0 || !u.hasView || at > u.until {
 		return false
 	}
-	return u.inFlight+u.externalLoad(at) >= u.slotCount+k.holdMargin
+	return u.inFlight+u.externalLoad(at) >= u.slotCount+k.holdMargin+extra
 }
 
 // admit is late binding: whether req goes to an engine now, or waits at the router (it then
@@ -316,10 +319,11 @@ func (k *kvRouter) Route(now time.Duration, req *Request) int {
 	// Gather.
 	dc := k.cbuf[:0]
 	// With flow control the request goes to an engine with a free slot (admitFlow let it go
-	// because there is one): the full engines are left out of the decision.
+	// because there is one): the full engines are left out of the decision (with a spread,
+	// only those full beyond it).
 	leave := k.fc != nil && k.anyFree(at)
 	for i := range k.up {
-		if leave && k.full(i, at) {
+		if leave && k.fullBy(i, at, k.fc.spread) {
 			continue
 		}
 		u := &k.up[i]
