@@ -144,12 +144,17 @@ func (f *flowControl) correct(q *flow.Queue, req *Request, u Usage) {
 }
 
 // FlowPolicy is kv_flow: kv_cache_aware (decision def) with flow control, drawing from the
-// same stream as kv_cache_aware; tune as in KVPolicies (an experiment).
+// same stream as kv_cache_aware; tune as in KVPolicies (an experiment: its HoldMargin and
+// FlowSpread count here, its QueueTimeout does not: the bands' timeouts do).
 func FlowPolicy(def decide.Rule, tune ...func(*KVSettings)) Policy {
 	return Policy{"kv_flow", func(seed uint64) Router {
 		k := newKVRouter(def, "kv_"+RuleName(def), seed)
 		k.tune(tune...)
-		k.fc = &flowControl{bands: kvFlowBands, maxQueued: kvFlowMaxQueued}
+		var st KVSettings
+		for _, t := range tune {
+			t(&st)
+		}
+		k.fc = &flowControl{bands: kvFlowBands, maxQueued: kvFlowMaxQueued, spread: st.FlowSpread}
 		return k
 	}}
 }

@@ -700,6 +700,8 @@ type KVSettings struct {
 	Options      decide.Options
 	QueueTimeout time.Duration
 	HoldMargin   int64 // EXPERIMENT
+	// FlowSpread is kv_flow's placement spread (flowControl.spread; an experiment).
+	FlowSpread int64
 }
 
 func (k *kvRouter) tune(tune ...func(*KVSettings)) {

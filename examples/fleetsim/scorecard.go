@@ -266,10 +266,15 @@ func RunCard(opts Options) (*Card, error) {
 		}
 	}
 	var chosen []*Scenario
-	flowPolicies := []Policy{FlowPolicy(rule)}
+	// kv_flow runs on the flow-control scenarios only: the one given (an experiment's), else
+	// kvroute's.
+	flowPolicy := FlowPolicy(rule)
+	var others []Policy
 	for _, p := range opts.Policies {
-		if p.Name == flowPolicies[0].Name {
-			flowPolicies = nil // given: run with every scenario
+		if p.Name == flowPolicy.Name {
+			flowPolicy = p
+		} else {
+			others = append(others, p)
 		}
 	}
 	withFlow := false
@@ -305,9 +310,9 @@ func RunCard(opts Options) (*Card, error) {
 					j.err = fam.err
 					continue
 				}
-				policies := opts.Policies
+				policies := others
 				if j.sc.FlowControl {
-					policies = append(slices.Clip(policies), flowPolicies...)
+					policies = append(slices.Clip(policies), flowPolicy)
 				}
 				j.out, j.err = runScenario(j.sc, uint64(j.seed), fam, policies)
 				if opts.Log != nil && j.err == nil {
@@ -324,14 +329,14 @@ func RunCard(opts Options) (*Card, error) {
 	close(work)
 	wg.Wait()
 	card := &Card{Default: opts.Default}
-	for _, p := range opts.Policies {
+	for _, p := range others {
 		card.order = append(card.order, p.Name)
 		if p.Name == "kv_cache_aware" && withFlow {
-			card.order = append(card.order, policyNames(flowPolicies)...)
+			card.order = append(card.order, flowPolicy.Name)
 		}
 	}
-	if withFlow && !slices.Contains(card.order, "kv_cache_aware") {
-		card.order = append(card.order, policyNames(flowPolicies)...)
+	if withFlow && !slices.Contains(card.order, flowPolicy.Name) {
+		card.order = append(card.order, flowPolicy.Name)
 	}
 	for _, j := range jobs {
 		if j.err != nil {
@@ -394,12 +399,4 @@ func row(w io.Writer, s *ScenarioResult, name string, f *Figures) {
 	fmt.Fprintf(w, "%-20s %4d %7.0f %-13s %6s %9s %9s %9s %8s %8s %6s %9s %6s %8d\n",
 		s.Name, s.Seed, float64(s.SLO), name, f.HitRatio, f.TTFTP50, f.TTFTP99, f.E2EP99,
 		f.Throughput, f.Goodput, f.Imbalance, f.QueueWaitP99, f.Shed, f.unserved)
-}
-
-func policyNames(ps []Policy) []string {
-	out := make([]string, len(ps))
-	for i, p := range ps {
-		out[i] = p.Name
-	}
-	return out
 }
