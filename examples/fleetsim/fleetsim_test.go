@@ -2,6 +2,7 @@ package fleetsim
 
 import (
 	"bytes"
+	"reflect"
 	"regexp"
 	"testing"
 	"time"
@@ -33,7 +34,7 @@ func policy(t testing.TB, name string) Policy {
 
 // The same card twice is the same JSON, byte for byte, whatever the parallelism.
 func TestCardDeterministic(t *testing.T) {
-	opts := Options{Scenarios: regexp.MustCompile(`^(chat-80|chat-restart-80|chat-lora-80)$`), Seeds: 1, MaxRequests: 400, Default: "thresholds"}
+	opts := Options{Scenarios: regexp.MustCompile(`^(chat-80|chat-restart-80|chat-lora-80|tenants_flood)$`), Seeds: 1, MaxRequests: 400, Default: "thresholds"}
 	var out [2][]byte
 	for i := range out {
 		opts.Parallel = 1 + i
@@ -103,7 +104,7 @@ func TestShortCardInvariants(t *testing.T) {
 		}
 	}
 	for _, s := range card.Scenarios {
-		if def, kv := s.Policies["kv_"+card.Default], s.Policies["kv_cache_aware"]; *def != *kv {
+		if def, kv := s.Policies["kv_"+card.Default], s.Policies["kv_cache_aware"]; !reflect.DeepEqual(def, kv) {
 			t.Errorf("%s: kv_cache_aware %+v is not kv_%s %+v", s.Name, *kv, card.Default, *def)
 		}
 	}

@@ -52,6 +52,11 @@ func ChatWorkload(requests int, seed uint64) *Workload {
 	cfg := workload.DefaultChat
 	cfg.Conversations = max(1, requests/cfg.Turns)
 	cfg.Seed = seed
+	return chatWorkload(cfg)
+}
+
+// chatWorkload is ChatWorkload with cfg's conversations, seed and rate.
+func chatWorkload(cfg workload.ChatConfig) *Workload {
 	w := workload.ChatWorkload(cfg)
 	out := &Workload{Name: "chat", full: wholeSegment}
 	for _, s := range w.Sessions {
@@ -243,4 +248,52 @@ func ToolAgentWorkload(n int, seed uint64) *Workload {
 // prompts of 1-3k tokens that share nothing.
 func sideCall(r *rng, i int) call {
 	return call{segs: []segment{{id: segID("side", i), tokens: 1000 + r.intn(2000)}}, output: 50 + r.intn(150)}
+}
+
+// ClassSpec names one class of a two-class workload: the scorecard's class, and the tenant and
+// priority band its requests carry.
+type ClassSpec struct {
+	Class, Tenant, Priority string
+}
+
+// TwoClassWorkload is two classes of chat conversations sent together, each with its own
+// system prompts and conversations (its own seed): the first class's requests/(1+k) requests
+// at the chat generator's pace (conversations start at 2 per second, nominal), the second
+// k times as many at k times the pace, its nominal times scaled to end when the first's do, so
+// that the second sends k times the first's requests and tokens (the same shapes) over the
+// same span. alone keeps the first class only, with requests requests: run at the rate of the
+// first class in the mix, its requests are the mix's first class, call for call and time for
+// time (TestTwoClassAloneIsTheMixsFirst). Sessions of the first class come first.
+func TwoClassWorkload(requests int, seed uint64, k int, alone bool, first, second ClassSpec) *Workload {
+	nFirst := requests
+	if !alone {
+		nFirst = requests / (1 + k)
+	}
+	cfg := workload.DefaultChat
+	cfg.Conversations = max(1, nFirst/cfg.Turns)
+	cfg.Seed = seed
+	out := chatWorkload(cfg)
+	out.Name = first.Class
+	for i := range out.sessions {
+		out.sessions[i].tenant, out.sessions[i].priority, out.sessions[i].class = first.Tenant, first.Priority, first.Class
+	}
+	if alone {
+		return out
+	}
+	out.Name = first.Class + "+" + second.Class
+	cfg.Conversations = max(1, (requests-nFirst)/cfg.Turns)
+	cfg.Seed = splitmix(seed ^ hashString(second.Class))
+	cfg.Rate *= float64(k)
+	more := chatWorkload(cfg)
+	span, spanMore := out.span(), more.span()
+	for _, s := range more.sessions {
+		for j := range s.calls {
+			if spanMore > 0 {
+				s.calls[j].at = time.Duration(float64(s.calls[j].at) * float64(span) / float64(spanMore))
+			}
+		}
+		s.tenant, s.priority, s.class = second.Tenant, second.Priority, second.Class
+		out.sessions = append(out.sessions, s)
+	}
+	return out
 }

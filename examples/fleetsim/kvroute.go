@@ -67,6 +67,9 @@ type kvRouter struct {
 	// misordered counts dispatches out of the queue's order (a test asserts none).
 	misordered int
 	holdMargin int64 // EXPERIMENT
+	// fc is flow control (kv_flow; nil: none): late binding with priority bands and tenants
+	// (kvflow.go).
+	fc *flowControl
 	// last is the latest decision's path and chosen engine (for diagnostics).
 	last struct {
 		path   decide.Path
@@ -186,12 +189,19 @@ func (k *kvRouter) Start(engines []EngineInfo) {
 	k.sess = map[kvSessionKey]*kvBinding{}
 	k.chars = map[string]*kvChars{}
 	k.queue = flow.New(flow.Config{})
+	if k.fc != nil {
+		k.queue = flow.New(flow.Config{Bands: len(k.fc.bands), MaxQueued: k.fc.maxQueued})
+		k.fc.charged = map[int]float64{}
+	}
 	k.items = map[int]*flow.Item{}
 }
 
 // WakeAt is when a request the router answered Wait must be offered again even if no slot
 // frees: when it has waited queueTimeout.
 func (k *kvRouter) WakeAt(req *Request) time.Duration {
+	if k.fc != nil {
+		return req.Arrival + k.fc.bands[k.fc.band(req.Priority)].timeout
+	}
 	if k.queueTimeout <= 0 {
 		return 0
 	}
@@ -201,12 +211,15 @@ func (k *kvRouter) WakeAt(req *Request) time.Duration {
 // full reports whether engine i's batch slots are all taken as the router knows them: its
 // load (requests in flight, its own and the engine's external ones) reaches the slots
 // learned, while its reading stands. An engine whose slots are not learned is never full.
-func (k *kvRouter) full(i int, at int64) bool {
+func (k *kvRouter) full(i int, at int64) bool { return k.fullBy(i, at, 0) }
+
+// fullBy is full with extra more requests allowed.
+func (k *kvRouter) fullBy(i int, at int64, extra int64) bool {
 	u := &k.up[i]
 	if !u.learned || u.slotCount <= 0 || !u.hasView || at > u.until {
 		return false
 	}
-	return u.inFlight+u.externalLoad(at) >= u.slotCount+k.holdMargin
+	return u.inFlight+u.externalLoad(at) >= u.slotCount+k.holdMargin+extra
 }
 
 // admit is late binding: whether req goes to an engine now, or waits at the router (it then
@@ -214,6 +227,9 @@ func (k *kvRouter) full(i int, at int64) bool {
 // of its model that came before it wait; it goes when a slot frees, in the queue's order, or
 // when it has waited queueTimeout (then as without late binding).
 func (k *kvRouter) admit(now time.Duration, req *Request) bool {
+	if k.fc != nil {
+		panic("fleetsim: admit with flow control (admitFlow)")
+	}
 	if k.queueTimeout <= 0 {
 		return true
 	}
@@ -283,7 +299,11 @@ func (k *kvRouter) tokensOf(model string, chars int64) int64 {
 
 // Route is kvroute's Select: gather, decide, record.
 func (k *kvRouter) Route(now time.Duration, req *Request) int {
-	if !k.admit(now, req) {
+	if k.fc != nil {
+		if a := k.admitFlow(now, req); a != admitted {
+			return a
+		}
+	} else if !k.admit(now, req) {
 		return Wait
 	}
 	at := int64(now)
@@ -298,7 +318,14 @@ func (k *kvRouter) Route(now time.Duration, req *Request) int {
 	}
 	// Gather.
 	dc := k.cbuf[:0]
+	// With flow control the request goes to an engine with a free slot (admitFlow let it go
+	// because there is one): the full engines are left out of the decision (with a spread,
+	// only those full beyond it).
+	leave := k.fc != nil && k.anyFree(at)
 	for i := range k.up {
+		if leave && k.fullBy(i, at, k.fc.spread) {
+			continue
+		}
 		u := &k.up[i]
 		dc = append(dc, decide.Candidate{Key: i, Load: u.inFlight + u.externalLoad(at)})
 	}
@@ -307,12 +334,12 @@ func (k *kvRouter) Route(now time.Duration, req *Request) int {
 		if tm.Runes < decide.MinMatchRunes {
 			break
 		}
-		if i := slices.Index(k.ids, tm.Tenant); i >= 0 && dc[i].Match == 0 {
-			dc[i].Match = tm.Runes
+		if c := candidateOf(dc, slices.Index(k.ids, tm.Tenant)); c != nil && c.Match == 0 {
+			c.Match = tm.Runes
 		}
 	}
 	for i := range dc {
-		k.facts(&dc[i], i, at)
+		k.facts(&dc[i], dc[i].Key, at)
 	}
 	estimate := k.tokensOf(req.Model, int64(req.Chars))
 	snap := decide.Snapshot{Now: at, Candidates: dc, Request: decide.Request{
@@ -328,9 +355,9 @@ func (k *kvRouter) Route(now time.Duration, req *Request) int {
 		if b := k.sess[skey]; b != nil {
 			if b.expires <= now {
 				delete(k.sess, skey)
-			} else {
+			} else if c := candidateOf(dc, b.engine); c != nil {
 				b.expires = now + kvSessionTTL
-				dc[b.engine].Session = true
+				c.Session = true
 			}
 		}
 	}
@@ -338,8 +365,8 @@ func (k *kvRouter) Route(now time.Duration, req *Request) int {
 	res := decide.Decide(&k.opts, &snap)
 	k.cbuf = dc[:0]
 	// Record.
-	i := res.Chosen
-	c := &dc[i]
+	c := &dc[res.Chosen]
+	i := c.Key
 	u := &k.up[i]
 	tr := &kvTrack{engine: i, estimate: estimate, uncached: max(0, c.Cost.Uncached), chars: int64(req.Chars),
 		matched: int64(c.Match), routed: now, predicted: c.Cost.TTFT}
@@ -364,7 +391,23 @@ func (k *kvRouter) Route(now time.Duration, req *Request) int {
 	}
 	u.model, u.modelSet = req.Model, true
 	k.last.path, k.last.engine, k.last.cands, k.last.req = res.Path, i, dc, snap.Request
+	if k.fc != nil {
+		k.fc.charge(k.queue, req, estimate)
+	}
 	return i
+}
+
+// candidateOf returns engine i's candidate in dc, nil when it was left out.
+func candidateOf(dc []decide.Candidate, i int) *decide.Candidate {
+	if i >= 0 && i < len(dc) && dc[i].Key == i {
+		return &dc[i]
+	}
+	for j := range dc {
+		if dc[j].Key == i {
+			return &dc[j]
+		}
+	}
+	return nil
 }
 
 // facts fills the decision's view of engine i at now (kvroute's facts and engineFacts).
@@ -452,6 +495,9 @@ func (k *kvRouter) Done(now time.Duration, req *Request, i int, us Usage) {
 		return
 	}
 	delete(k.track, req.ID)
+	if k.fc != nil {
+		k.fc.correct(k.queue, req, us)
+	}
 	u := &k.up[i]
 	u.inFlight--
 	u.queuedTokens -= t.estimate
@@ -654,6 +700,8 @@ type KVSettings struct {
 	Options      decide.Options
 	QueueTimeout time.Duration
 	HoldMargin   int64 // EXPERIMENT
+	// FlowSpread is kv_flow's placement spread (flowControl.spread; an experiment).
+	FlowSpread int64
 }
 
 func (k *kvRouter) tune(tune ...func(*KVSettings)) {

@@ -30,6 +30,9 @@ type Scenario struct {
 	TelemetryInterval time.Duration
 	Restart           *Restart
 	Side              *SideLoad
+	// FlowControl: the requests carry tenants or priorities, and the card runs kv_flow
+	// (kv_cache_aware with flow control) beside the other policies.
+	FlowControl bool
 }
 
 // Restart restarts an engine At after the start (open loop: at the nominal pace, scaled to
@@ -77,6 +80,7 @@ func build1(sc *Scenario, w *Workload, seed uint64) *Built {
 			}
 			req := build(c, sc.CharsPerToken, w.full)
 			req.sess = i
+			req.Tenant, req.Priority, req.Class = s.tenant, s.priority, s.class
 			if sc.Sessions {
 				req.Session = s.id
 			}
@@ -170,5 +174,40 @@ func Scenarios() []*Scenario {
 	}
 	add(Scenario{Name: "mooncake-closed-16-4slots", Family: "mooncake-4slots", Requests: traceN, Workload: mooncakeW, Engines: trace4x4, Clients: 16, CharsPerToken: 4.2})
 	add(Scenario{Name: "toolagent-80", Family: "toolagent", Requests: traceN, Workload: toolAgentW, Engines: trace4, Load: 0.8, CharsPerToken: 4.6})
+	// Flow control (issue 35), on the chat fleet and its capacity. tenants: a light tenant's
+	// chat at 15% of capacity, alone and with a heavy tenant sending 10 times its requests and
+	// tokens (150%): 165% in all, beyond what the fleet serves even with its cache (at 110%
+	// it still serves everything, docs/simulator.md), so that the engines (or, with flow
+	// control, the router) queue for the whole run. priority: an interactive band at 50%
+	// (chat-50's rate), alone and with a batch band sending twice its requests (100%): 150%.
+	add(Scenario{Name: "tenants_alone", FlowControl: true, Family: "chat", Requests: lightN, Workload: tenantsW(true), Engines: chat4, Load: lightLoad})
+	add(Scenario{Name: "tenants_flood", FlowControl: true, Family: "chat", Requests: lightN * (1 + heavyTimes), Workload: tenantsW(false), Engines: chat4, Load: lightLoad * (1 + heavyTimes)})
+	add(Scenario{Name: "priority_alone", FlowControl: true, Family: "chat", Requests: interactiveN, Workload: priorityW(true), Engines: chat4, Load: interactiveLoad})
+	add(Scenario{Name: "priority_flood", FlowControl: true, Family: "chat", Requests: interactiveN * (1 + batchTimes), Workload: priorityW(false), Engines: chat4, Load: interactiveLoad * (1 + batchTimes)})
 	return out
+}
+
+// The flow-control scenarios' classes and rates (fractions of the chat fleet's capacity).
+const (
+	lightN, heavyTimes, lightLoad             = 800, 10, 0.15
+	interactiveN, batchTimes, interactiveLoad = 1000, 2, 0.5
+)
+
+var (
+	lightClass       = ClassSpec{Class: "light", Tenant: "light"}
+	heavyClass       = ClassSpec{Class: "heavy", Tenant: "heavy"}
+	interactiveClass = ClassSpec{Class: "interactive", Priority: "interactive"}
+	batchClass       = ClassSpec{Class: "batch", Priority: "batch"}
+)
+
+func tenantsW(alone bool) func(int, uint64) (*Workload, error) {
+	return func(requests int, seed uint64) (*Workload, error) {
+		return TwoClassWorkload(requests, seed, heavyTimes, alone, lightClass, heavyClass), nil
+	}
+}
+
+func priorityW(alone bool) func(int, uint64) (*Workload, error) {
+	return func(requests int, seed uint64) (*Workload, error) {
+		return TwoClassWorkload(requests, seed, batchTimes, alone, interactiveClass, batchClass), nil
+	}
 }

@@ -37,15 +37,18 @@ func (n Num) String() string {
 // Figures are one policy's results on one scenario and seed (docs/simulator.md says how each
 // is measured).
 type Figures struct {
-	HitRatio       Num `json:"hit_ratio"`
-	TTFTP50        Num `json:"ttft_p50_ms"`
-	TTFTP99        Num `json:"ttft_p99_ms"`
-	E2EP99         Num `json:"e2e_p99_ms"`
-	Throughput     Num `json:"throughput_rps"`
-	Goodput        Num `json:"goodput_rps"`
-	Imbalance      Num `json:"imbalance"`
-	QueueWaitP99   Num `json:"queue_wait_p99_ms"`
-	Shed           Num `json:"shed_rps"`
+	HitRatio     Num `json:"hit_ratio"`
+	TTFTP50      Num `json:"ttft_p50_ms"`
+	TTFTP99      Num `json:"ttft_p99_ms"`
+	E2EP99       Num `json:"e2e_p99_ms"`
+	Throughput   Num `json:"throughput_rps"`
+	Goodput      Num `json:"goodput_rps"`
+	Imbalance    Num `json:"imbalance"`
+	QueueWaitP99 Num `json:"queue_wait_p99_ms"`
+	Shed         Num `json:"shed_rps"`
+	// Classes are the same figures for each class of requests (Request.Class), in the
+	// scenarios whose requests have classes (imbalance, a property of the fleet, is null).
+	Classes        map[string]*Figures `json:"classes,omitempty"`
 	unserved, sent int
 }
 
@@ -66,13 +69,33 @@ type Card struct {
 	order []string // policy names, in the order run
 }
 
-// Measure computes a run's figures against slo.
+// Measure computes a run's figures against slo, and each class's where requests have classes.
 func Measure(res *Result, slo time.Duration) *Figures {
+	f := measure(res, slo, "", false)
+	for _, r := range res.Requests {
+		if r.Class == "" {
+			continue
+		}
+		if f.Classes == nil {
+			f.Classes = map[string]*Figures{}
+		}
+		if f.Classes[r.Class] == nil {
+			f.Classes[r.Class] = measure(res, slo, r.Class, true)
+		}
+	}
+	return f
+}
+
+// measure computes the figures of a run's requests, or of class's only.
+func measure(res *Result, slo time.Duration, class string, only bool) *Figures {
 	var ttft, e2e, wait []float64
 	var cached, prompt float64
 	f := &Figures{}
 	finished, good, shed := 0, 0, 0
 	for _, r := range res.Requests {
+		if only && r.Class != class {
+			continue
+		}
 		if r.Shed {
 			shed++
 			continue
@@ -107,6 +130,10 @@ func Measure(res *Result, slo time.Duration) *Figures {
 		f.Shed = Num(float64(shed) / secs)
 	} else {
 		f.Throughput, f.Goodput, f.Shed = Num(math.NaN()), Num(math.NaN()), Num(math.NaN())
+	}
+	if only {
+		f.Imbalance = Num(math.NaN())
+		return f
 	}
 	mean, top := 0.0, 0.0
 	for _, l := range res.EngineLoad {
@@ -239,9 +266,22 @@ func RunCard(opts Options) (*Card, error) {
 		}
 	}
 	var chosen []*Scenario
+	// kv_flow runs on the flow-control scenarios only: the one given (an experiment's), else
+	// kvroute's.
+	flowPolicy := FlowPolicy(rule)
+	var others []Policy
+	for _, p := range opts.Policies {
+		if p.Name == flowPolicy.Name {
+			flowPolicy = p
+		} else {
+			others = append(others, p)
+		}
+	}
+	withFlow := false
 	for _, sc := range all {
 		if opts.Scenarios == nil || opts.Scenarios.MatchString(sc.Name) {
 			chosen = append(chosen, sc)
+			withFlow = withFlow || sc.FlowControl
 		}
 	}
 	type job struct {
@@ -270,7 +310,11 @@ func RunCard(opts Options) (*Card, error) {
 					j.err = fam.err
 					continue
 				}
-				j.out, j.err = runScenario(j.sc, uint64(j.seed), fam, opts.Policies)
+				policies := others
+				if j.sc.FlowControl {
+					policies = append(slices.Clip(policies), flowPolicy)
+				}
+				j.out, j.err = runScenario(j.sc, uint64(j.seed), fam, policies)
 				if opts.Log != nil && j.err == nil {
 					logMu.Lock()
 					fmt.Fprintf(opts.Log, "%s seed %d done\n", j.sc.Name, j.seed)
@@ -285,8 +329,14 @@ func RunCard(opts Options) (*Card, error) {
 	close(work)
 	wg.Wait()
 	card := &Card{Default: opts.Default}
-	for _, p := range opts.Policies {
+	for _, p := range others {
 		card.order = append(card.order, p.Name)
+		if p.Name == "kv_cache_aware" && withFlow {
+			card.order = append(card.order, flowPolicy.Name)
+		}
+	}
+	if withFlow && !slices.Contains(card.order, flowPolicy.Name) {
+		card.order = append(card.order, flowPolicy.Name)
 	}
 	for _, j := range jobs {
 		if j.err != nil {
@@ -331,9 +381,22 @@ func (c *Card) Table(w io.Writer) {
 			if f == nil {
 				continue
 			}
-			fmt.Fprintf(w, "%-20s %4d %7.0f %-13s %6s %9s %9s %9s %8s %8s %6s %9s %6s %8d\n",
-				s.Name, s.Seed, float64(s.SLO), name, f.HitRatio, f.TTFTP50, f.TTFTP99, f.E2EP99,
-				f.Throughput, f.Goodput, f.Imbalance, f.QueueWaitP99, f.Shed, f.unserved)
+			row(w, s, name, f)
+			// Each class on a line of its own under the policy's, its name indented.
+			classes := make([]string, 0, len(f.Classes))
+			for c := range f.Classes {
+				classes = append(classes, c)
+			}
+			slices.Sort(classes)
+			for _, c := range classes {
+				row(w, s, "  "+c, f.Classes[c])
+			}
 		}
 	}
+}
+
+func row(w io.Writer, s *ScenarioResult, name string, f *Figures) {
+	fmt.Fprintf(w, "%-20s %4d %7.0f %-13s %6s %9s %9s %9s %8s %8s %6s %9s %6s %8d\n",
+		s.Name, s.Seed, float64(s.SLO), name, f.HitRatio, f.TTFTP50, f.TTFTP99, f.E2EP99,
+		f.Throughput, f.Goodput, f.Imbalance, f.QueueWaitP99, f.Shed, f.unserved)
 }

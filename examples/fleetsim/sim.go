@@ -389,13 +389,22 @@ func (s *sim) finish(r *Request) {
 }
 
 // offerWaiting routes the router's waiting requests again, in arrival order.
+//
+// Passes repeat while one moves a request (routes or sheds it): a router whose queue has an
+// order of its own (flow control) answers Wait to the requests offered before the one its
+// queue picks, and once that one goes, the next pick may be among them.
 func (s *sim) offerWaiting() {
 	s.offer = false
-	waiting := s.waiting
-	s.waiting = nil
-	for _, w := range waiting {
-		if !s.route(w) {
-			s.waiting = append(s.waiting, w)
+	for moved := true; moved && len(s.waiting) > 0; {
+		moved = false
+		waiting := s.waiting
+		s.waiting = nil
+		for _, w := range waiting {
+			if s.route(w) {
+				moved = true
+			} else {
+				s.waiting = append(s.waiting, w)
+			}
 		}
 	}
 }

@@ -36,6 +36,13 @@ type Request struct {
 	Tokens int
 	// Output is the request's max_tokens; the engine generates exactly that many.
 	Output int
+	// Tenant is the fairness id the request carries (what an auth plugin in front of Caddy
+	// would name, an X-Tenant header): "" for one tenant. Priority is the name of its band
+	// (an X-Priority header): "" for the first band.
+	Tenant, Priority string
+	// Class is the group the scorecard gives figures for ("light", "heavy", "interactive",
+	// "batch"): "" in scenarios without classes.
+	Class string
 
 	sess   int            // index of its session
 	hashes []uint64       // the engine's block hashes
@@ -61,10 +68,12 @@ type call struct {
 	adapter string
 }
 
-// session is a client's sequence of calls: a conversation, or one request of a trace.
+// session is a client's sequence of calls: a conversation, or one request of a trace. Its
+// tenant, priority and class go on each of its requests.
 type session struct {
-	id    string
-	calls []call
+	id                      string
+	calls                   []call
+	tenant, priority, class string
 }
 
 // texts holds the text of every segment at each whole length asked, shared by all runs.
