@@ -42,6 +42,7 @@ type pending struct {
 	done    chan struct{} // closed at the last token, or when the request is aborted
 	tick    chan struct{} // a step generated tokens (streamed requests only)
 	gen     atomic.Int64  // output tokens generated so far
+	want    atomic.Int64  // tick when gen reaches this (the handler's next event)
 
 	aborted atomic.Bool // set before first or done is closed for it
 	// Set before first is closed.
@@ -151,7 +152,11 @@ func (d *realtime) dispatch(evs []engine.Event, at time.Duration) {
 	}
 	d.eng.Generated(func(r *engine.Request, n int) {
 		if pd := d.pending[r]; pd != nil && pd.tick != nil && int64(n) != pd.gen.Load() {
-			pd.gen.Store(int64(n))
+			// gen is stored before want is read, and the handler stores want before it reads
+			// gen: one of the two sees the other's.
+			if pd.gen.Store(int64(n)); int64(n) < pd.want.Load() {
+				return
+			}
 			select {
 			case pd.tick <- struct{}{}:
 			default:

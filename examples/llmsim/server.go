@@ -376,7 +376,7 @@ func (s *Server) follow(ctx context.Context, g generation, emit func(from, to in
 		if sent == 0 {
 			next = 1
 		}
-		if int(g.pd.gen.Load()) >= next {
+		if g.pd.want.Store(int64(next)); int(g.pd.gen.Load()) >= next {
 			if !emit(sent, next) {
 				return false
 			}
