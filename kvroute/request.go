@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"unicode/utf8"
 
+	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
 	"github.com/kvroute/caddy-kvroute/kvroute/llmreq"
@@ -59,6 +60,13 @@ type llmRequest struct {
 	// no session yet): retries reuse it. cookieSet: the first attempt set it.
 	cookieID  string
 	cookieSet bool
+
+	// firstAttempt is the storage of the first attempt (the request's attempts live as long
+	// as it does): a retry's attempt is allocated apart.
+	firstAttempt attempt
+	// judgeBy and repl judge the last attempt when the request ends (watchEnd), under Caddy.
+	judgeBy *state
+	repl    *caddy.Replacer
 }
 
 // requestFor returns the request's extracted LLM request, reading at most maxBody bytes of the
@@ -196,8 +204,8 @@ func (lr *llmRequest) promptTokens() int64 {
 	return lr.tokens.Load()
 }
 
-// track counts the request as in flight on u until the request ends; a retry moves it from the
-// previous pick. uncached is the prompt's tokens the decision predicted u must prefill, ttft
+// track counts the request as in flight on u until the request ends (watchEnd: the first
+// attempt's commit registers the end); a retry moves it from the previous pick. uncached is the prompt's tokens the decision predicted u must prefill, ttft
 // (nanoseconds) how long it predicted that takes: the request counts in u's queued prefill
 // until its first token (prefillDone) or, when no answer will show its first token (without
 // llm_feedback, or a non-streamed request), until ttft has passed.
@@ -219,8 +227,6 @@ func (lr *llmRequest) track(r *http.Request, u *upstreamState, estimate, uncache
 		if partial {
 			old.learn.sent.partialIn(-1)
 		}
-	} else {
-		context.AfterFunc(r.Context(), lr.untrack)
 	}
 	loadChanged()
 	if r.Context().Err() != nil {
@@ -241,6 +247,25 @@ func (lr *llmRequest) firstTokenSeen() bool {
 // per token is learned while it runs (learnFrom).
 func (lr *llmRequest) partialText() bool {
 	return lr.Truncated || lr.err != nil
+}
+
+// watchEnd registers, at the request's first decision, what its end does: stop counting it in
+// flight (untrack) and, under Caddy, judge its last attempt (judgeEnd, unless a retry's Select
+// did). One context.AfterFunc per request does both: each costs its allocations and a
+// goroutine when the request ends.
+func (s *state) watchEnd(r *http.Request, lr *llmRequest) {
+	if repl, ok := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer); ok {
+		lr.judgeBy, lr.repl = s, repl // not served by Caddy (unit tests): nothing to judge
+	}
+	context.AfterFunc(r.Context(), lr.ended)
+}
+
+// ended is what the request's end does (watchEnd).
+func (lr *llmRequest) ended() {
+	lr.untrack()
+	if lr.judgeBy != nil {
+		lr.judgeBy.judgeEnd(lr.repl, lr)
+	}
 }
 
 // untrack stops counting the request as in flight.

@@ -470,12 +470,17 @@ func (p *KVCacheAware) commit(r *http.Request, w http.ResponseWriter, req *llmRe
 	// Peers learn what this replica just learned (pending cookie ids stay local: a client
 	// that keeps no cookies must not fill every replica's store).
 	p.state.share(req.Model, c.up.Dial, req.Text, bindKey, boundAt)
-	a := newAttempt(r, c.st)
+	first := len(req.tried) == 0
+	a := &req.firstAttempt
+	if !first {
+		a = new(attempt)
+	}
+	a = newAttempt(r, c.st, a)
 	a.model, a.chars, a.matched = req.Model, req.Runes, c.match
 	p.recordPrediction(r, req, a, c, treeName)
 	req.attempt.Store(a)
-	if len(req.tried) == 0 {
-		p.state.watchOutcome(r, req)
+	if first {
+		p.state.watchEnd(r, req)
 	}
 	if req.tried == nil {
 		req.tried = req.triedBuf[:0]
