@@ -36,6 +36,8 @@ type llmRequest struct {
 	// much: every attempt gets the body from it, and a retry re-derives the routing text.
 	body    *llmreq.Body
 	maxBody int64
+	// heldBody is body's storage when requestFor read it (allocated with the request).
+	heldBody llmreq.Body
 
 	// pick is the upstream this request is counted against while in flight; a retry moves it.
 	pick atomic.Pointer[upstreamState]
@@ -78,7 +80,7 @@ func requestFor(r *http.Request, maxBody int64) *llmRequest {
 	}
 	lr := &llmRequest{maxBody: maxBody}
 	if llmreq.Routable(r) {
-		prefix, truncated, err := llmreq.ReadBody(r, maxBody)
+		prefix, truncated, err := llmreq.ReadBodyInto(r, maxBody, &lr.heldBody)
 		lr.body = llmreq.Held(r)
 		lr.err = err
 		if len(prefix) > 0 {

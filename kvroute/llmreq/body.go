@@ -80,6 +80,13 @@ var chunks = sync.Pool{New: func() any { return new(chunk) }}
 // the new body before it is read reuses what is buffered instead of copying it. Held returns
 // what was read, for Body.Attempt.
 func ReadBody(r *http.Request, max int64) (prefix []byte, truncated bool, err error) {
+	return ReadBodyInto(r, max, nil)
+}
+
+// ReadBodyInto is ReadBody with the Body's storage given: into, when not nil, is a zero Body
+// that becomes the one Held returns (a caller allocates it with what it keeps of the request;
+// it must not be copied). When ReadBody already read r.Body, into is left alone.
+func ReadBodyInto(r *http.Request, max int64, into *Body) (prefix []byte, truncated bool, err error) {
 	if r.Body == nil || r.Body == http.NoBody {
 		return nil, false, nil
 	}
@@ -91,16 +98,19 @@ func ReadBody(r *http.Request, max int64) (prefix []byte, truncated bool, err er
 			return prefix, truncated, rd.b.err
 		}
 	}
-	b := read(r.Body, max, r.ContentLength)
+	if into == nil {
+		into = new(Body)
+	}
+	b := read(r.Body, max, r.ContentLength, into)
 	b.first.b = b
 	r.Body = &b.first
 	prefix, truncated = b.prefix(max)
 	return prefix, truncated, b.err
 }
 
-// read reads up to max+1 bytes of body. declared is the body's length as the request states
-// it (-1: unknown).
-func read(body io.ReadCloser, max, declared int64) *Body {
+// read reads up to max+1 bytes of body into b and returns b. declared is the body's length as
+// the request states it (-1: unknown).
+func read(body io.ReadCloser, max, declared int64, b *Body) *Body {
 	limit := int64(math.MaxInt64) // max+1 bytes tell whether the body is longer than max
 	if max < limit {
 		limit = max + 1
@@ -117,7 +127,7 @@ func read(body io.ReadCloser, max, declared int64) *Body {
 		buf, e, more := readDeclared(body, int(declared))
 		if !more {
 			chunks.Put(cur)
-			b := &Body{buf: buf, rest: body, whole: e == io.EOF}
+			b.buf, b.rest, b.whole = buf, body, e == io.EOF
 			if e != io.EOF {
 				b.err = e
 			}
@@ -156,7 +166,7 @@ func read(body io.ReadCloser, max, declared int64) *Body {
 	}
 	buf = append(buf, cur[:used]...)
 	chunks.Put(cur)
-	b := &Body{buf: buf, rest: body, whole: err == io.EOF}
+	b.buf, b.rest, b.whole = buf, body, err == io.EOF
 	if err != io.EOF {
 		b.err = err
 	}

@@ -525,3 +525,26 @@ func TestRoutable(t *testing.T) {
 		t.Errorf("Routable allocates %v times", n)
 	}
 }
+
+// TestReadBodyInto: the Body given is the one Held returns, and the body reads back whole;
+// a body read already keeps its Body.
+func TestReadBodyInto(t *testing.T) {
+	data := payload(3000)
+	r := httptest.NewRequest(http.MethodPost, "/", nil)
+	r.Body, r.ContentLength = &source{data: bytes.Clone(data), chunk: 100}, int64(len(data))
+	var into Body
+	prefix, truncated, err := ReadBodyInto(r, 1000, &into)
+	if err != nil || !truncated || !bytes.Equal(prefix, data[:1000]) {
+		t.Fatalf("ReadBodyInto = %d bytes, %v, %v; want the first 1000, true, nil", len(prefix), truncated, err)
+	}
+	if Held(r) != &into {
+		t.Fatal("Held is not the Body given")
+	}
+	var other Body
+	if _, _, err := ReadBodyInto(r, 1000, &other); err != nil || Held(r) != &into {
+		t.Fatalf("read again: %v, Held changed: %v", err, Held(r) != &into)
+	}
+	if got, err := io.ReadAll(r.Body); err != nil || !bytes.Equal(got, data) {
+		t.Fatalf("restored body: %d bytes, %v; want the %d original bytes", len(got), err, len(data))
+	}
+}
