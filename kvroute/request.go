@@ -75,7 +75,10 @@ type llmRequest struct {
 // body the first time (the body is restored byte for byte). It caches the result in the
 // request's vars, so the matcher and every Select of every retry share one extraction.
 func requestFor(r *http.Request, maxBody int64) *llmRequest {
-	if v, ok := caddyhttp.GetVar(r.Context(), varRequest).(*llmRequest); ok && v != nil {
+	// The vars map is looked up once (each lookup walks the request's chain of contexts);
+	// its values are set as caddyhttp.SetVar sets them, none nil.
+	vars, _ := r.Context().Value(caddyhttp.VarsCtxKey).(map[string]any)
+	if v, ok := vars[varRequest].(*llmRequest); ok && v != nil {
 		return v
 	}
 	lr := &llmRequest{maxBody: maxBody}
@@ -89,9 +92,9 @@ func requestFor(r *http.Request, maxBody int64) *llmRequest {
 	}
 	lr.Model = boundKey(lr.Model, maxModelLen)
 	lr.Session = boundKey(lr.Session, maxSessionLen)
-	if hasVars(r) {
-		caddyhttp.SetVar(r.Context(), varRequest, lr)
-		setPlaceholders(r, lr)
+	if vars != nil {
+		vars[varRequest] = lr
+		setPlaceholders(vars, lr)
 	}
 	return lr
 }
@@ -145,14 +148,13 @@ func hasVars(r *http.Request) bool {
 	return ok
 }
 
-func setPlaceholders(r *http.Request, lr *llmRequest) {
-	ctx := r.Context()
-	caddyhttp.SetVar(ctx, "llm.model", lr.Model)
-	caddyhttp.SetVar(ctx, "llm.session", lr.Session)
-	caddyhttp.SetVar(ctx, "llm.prompt_chars", intVar(lr.Runes))
-	caddyhttp.SetVar(ctx, "llm.max_tokens", intVar(lr.MaxTokens))
-	caddyhttp.SetVar(ctx, "llm.stream", boolVars[b2i(lr.Stream)])
-	caddyhttp.SetVar(ctx, "llm.format", formatVar(lr.Format))
+func setPlaceholders(vars map[string]any, lr *llmRequest) {
+	vars["llm.model"] = lr.Model
+	vars["llm.session"] = lr.Session
+	vars["llm.prompt_chars"] = intVar(lr.Runes)
+	vars["llm.max_tokens"] = intVar(lr.MaxTokens)
+	vars["llm.stream"] = boolVars[b2i(lr.Stream)]
+	vars["llm.format"] = formatVar(lr.Format)
 }
 
 // The placeholders' common values, made into interface values once: a var set per request
