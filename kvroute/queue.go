@@ -455,11 +455,16 @@ func (p *KVCacheAware) shed(w http.ResponseWriter, req *llmRequest, band, reason
 	case flow.TenantFull.String():
 		msg = "too many of your requests wait for the fleet: try again later"
 	}
+	body := shedBody(req.Format, msg, reason)
 	h := w.Header()
 	h.Set("Retry-After", retryAfter)
 	h.Set("Content-Type", "application/json")
+	h.Set("Content-Length", strconv.Itoa(len(body)))
 	w.WriteHeader(http.StatusTooManyRequests)
-	_, _ = w.Write(shedBody(req.Format, msg, reason))
+	_, _ = w.Write(body)
+	// The answer is whole (its length is given): the client has it now, while reverse_proxy
+	// may go on calling Select until lb_try_duration ends (it gets nil at once: Select).
+	_ = http.NewResponseController(w).Flush()
 }
 
 // shedBody is a 429's error body in the API format f: Anthropic's for /v1/messages, OpenAI's

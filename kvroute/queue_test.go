@@ -69,8 +69,9 @@ func (g *gated) arrived() []string {
 	return append([]string(nil), g.order...)
 }
 
-// queueConfig is a Caddyfile with one site in front of g at max_concurrency 1.
-func queueConfig(g *gated, policy, handlers string) string {
+// queueConfig is a Caddyfile with one site in front of g at max_concurrency 1; extra goes
+// into the reverse_proxy block.
+func queueConfig(g *gated, policy, extra string) string {
 	return fmt.Sprintf(`{
 	admin `+adminAddr+`
 	http_port %d
@@ -78,9 +79,9 @@ func queueConfig(g *gated, policy, handlers string) string {
 	grace_period 5s
 }
 localhost:%d {
-	%s
 	@llm llm_prompt
 	reverse_proxy @llm %s {
+		%s
 		lb_policy kv_cache_aware {
 			explain_header X-Kvroute-Decision
 			telemetry off
@@ -91,7 +92,7 @@ localhost:%d {
 		}
 	}
 }
-`, httpPort, httpPort, handlers, g.addr(), g.addr(), policy)
+`, httpPort, httpPort, g.addr(), extra, g.addr(), policy)
 }
 
 // queued returns how many requests wait at the router.
@@ -283,8 +284,8 @@ func adminStatus(t *testing.T) Status {
 // and an error body in its API's format; nothing of it reaches the upstream. With
 // llm_feedback in the route as without it.
 func TestQueueShed(t *testing.T) {
-	for _, handlers := range []string{"", "route {\n\t\tllm_feedback\n\t}\n\torder llm_feedback before reverse_proxy"} {
-		t.Run(fmt.Sprintf("llm_feedback=%v", handlers != ""), func(t *testing.T) {
+	for _, feedback := range []bool{false, true} {
+		t.Run(fmt.Sprintf("llm_feedback=%v", feedback), func(t *testing.T) {
 			g := newGated(t)
 			policy := `flow_control {
 				priority {http.request.header.X-Priority}
@@ -297,11 +298,12 @@ func TestQueueShed(t *testing.T) {
 				max_queued 1
 			}`
 			cfg := queueConfig(g, policy, "")
-			if handlers != "" {
+			if feedback {
 				cfg = strings.Replace(cfg, "\t@llm llm_prompt\n", "\t@llm llm_prompt\n\tllm_feedback\n", 1)
 			}
 			startCaddy(t, cfg)
 			first := occupy(t, g)
+			logStart := caddyLogSize()
 			shedBefore := metricValue(t, `caddy_kvroute_shed_total{band="short",reason="timeout"}`)
 			// Past its band's timeout: OpenAI's format for chat.
 			r := <-postAsync(context.Background(), "/v1/chat/completions", chatBody("m", "in a hurry"), "X-Req", "t1", "X-Priority", "short")
@@ -323,6 +325,19 @@ func TestQueueShed(t *testing.T) {
 			mustOK(t, first, waiting)
 			if got, want := strings.Join(g.arrived(), ","), "occupier,w1"; got != want {
 				t.Errorf("requests at the upstream %s, want %s (shed requests never sent)", got, want)
+			}
+			// reverse_proxy's "no upstreams available" behind the 429: logged as an error
+			// without llm_feedback, swallowed with it.
+			if caddyLog != nil {
+				part := make([]byte, caddyLogSize()-logStart)
+				n, _ := caddyLog.ReadAt(part, logStart)
+				errs := strings.Count(string(part[:n]), "no upstreams available")
+				if feedback && errs != 0 {
+					t.Errorf("with llm_feedback: %d errors 'no upstreams available' logged for shed requests, want none", errs)
+				}
+				if !feedback && errs != 3 {
+					t.Errorf("without llm_feedback: %d errors 'no upstreams available' logged, want 3 (one per shed request)", errs)
+				}
 			}
 		})
 	}
@@ -399,5 +414,29 @@ func TestQueueReloadKeepsWaiters(t *testing.T) {
 	}
 	if g.maxActive != 1 {
 		t.Errorf("%d requests at once, want 1", g.maxActive)
+	}
+}
+
+// A shed request is never queued again by Caddy's retries (lb_try_duration calls Select again
+// after a nil upstream): it is shed once, and nothing of it reaches the upstream.
+func TestQueueShedNotRetried(t *testing.T) {
+	g := newGated(t)
+	startCaddy(t, queueConfig(g, "queue_timeout 1m\n\t\t\tflow_control {\n\t\t\t\tmax_queued 1\n\t\t\t}", "lb_try_duration 1s\n\t\tlb_try_interval 50ms"))
+	first := occupy(t, g)
+	waiting := enqueue(t, "/v1/chat/completions", chatBody("m", "patient"), "X-Req", "w1")
+	before := metricValue(t, `caddy_kvroute_shed_total{band="default",reason="queue_full"}`)
+	start := time.Now()
+	r := <-postAsync(context.Background(), "/v1/chat/completions", chatBody("m", "one too many"), "X-Req", "f1")
+	checkShed(t, r, false)
+	// The 429 is whole at once; reverse_proxy calls Select again until lb_try_duration ends.
+	// Meanwhile the queue stays full: a retry that queued again would be shed again.
+	time.Sleep(time.Until(start.Add(1500 * time.Millisecond)))
+	if v := metricValue(t, `caddy_kvroute_shed_total{band="default",reason="queue_full"}`) - before; v != 1 {
+		t.Errorf("shed_total{queue_full} moved by %v for one request retried by lb_try_duration, want 1", v)
+	}
+	g.releaseN(t, 2)
+	mustOK(t, first, waiting)
+	if got, want := strings.Join(g.arrived(), ","), "occupier,w1"; got != want {
+		t.Errorf("requests at the upstream %s, want %s", got, want)
 	}
 }
