@@ -440,3 +440,43 @@ func TestQueueShedNotRetried(t *testing.T) {
 		t.Errorf("requests at the upstream %s, want %s", got, want)
 	}
 }
+
+// With no max_concurrency, the batch slots learned from the engine's gauges make it full: the
+// engine reported 2 running and a queue (2 slots); once the router has 2 requests in flight
+// there, a third waits at the router, not in the engine, and goes when one ends.
+func TestQueueLearnedSlots(t *testing.T) {
+	e := newEngine(t, "u1", 1000)
+	e.set(2, 1, "")
+	startCaddy(t, proxyConfig(fleet{e.backend}, "", `queue_timeout 1m
+			telemetry {
+				interval 100ms
+				timeout 100ms
+			}`, ""))
+	client := newClient(t, 30*time.Second)
+	// The first decision starts the readers.
+	if _, resp := send(t, client, baseURL+"/v1/chat/completions", chatBody("m", "start the readers")); resp.StatusCode != http.StatusOK {
+		t.Fatalf("first request: status %d", resp.StatusCode)
+	}
+	u := currentState().upstream(e.addr())
+	waitFor(t, func() bool { f := u.learn.figures.Load(); return f != nil && f.Slots == 2 }, "2 slots learned")
+	e.set(0, 0, "") // the engine idle: no external load
+	waitFor(t, func() bool { return currentState().load(u, time.Now().UnixNano()) == 0 }, "the external load gone")
+
+	e.setHang(true)
+	hits := e.hits.Load()
+	a := postAsync(context.Background(), "/v1/chat/completions", chatBody("m", "a"))
+	b := postAsync(context.Background(), "/v1/chat/completions", chatBody("m", "b"))
+	waitFor(t, func() bool { return e.hits.Load() == hits+2 }, "two requests reach the engine")
+	c := enqueue(t, "/v1/chat/completions", chatBody("m", "c"))
+	if n := e.hits.Load() - hits; n != 2 {
+		t.Errorf("%d requests at the engine while one waits at the router, want 2", n)
+	}
+	if f := u.learn.figures.Load(); f.Slots != 2 {
+		t.Errorf("slots %d while the router holds a request back, want 2 kept", f.Slots)
+	}
+	e.setHang(false)
+	mustOK(t, a, b, c)
+	if n := e.hits.Load() - hits; n != 3 {
+		t.Errorf("%d requests at the engine, want 3", n)
+	}
+}
