@@ -15,6 +15,7 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/kvroute/caddy-kvroute/kvroute/cluster"
 	"github.com/kvroute/caddy-kvroute/kvroute/decide"
 	"github.com/kvroute/caddy-kvroute/kvroute/flow"
 	"github.com/kvroute/caddy-kvroute/kvroute/llmreq"
@@ -56,7 +57,12 @@ type waitQueue struct {
 	groups map[string]*waitGroup // per flow.Item.Model: a model's waiting requests in one pool
 	// held counts the requests waiting or handed a slot and not yet decided (read without mu
 	// on every decision: 0 means no group can have waiters).
-	held    atomic.Int64
+	held atomic.Int64
+	// own is the tokens served per tenant by this replica's requests, all its life (published
+	// to the cluster's peers); peers what the peers' records added to the queue's counters
+	// so far (under mu).
+	own     map[string]float64
+	peers   map[string]int64
 	running bool          // the dispatcher goroutine runs (under mu)
 	kick    chan struct{} // wakes the dispatcher
 	stop    chan struct{} // closed when the state goes
@@ -84,6 +90,8 @@ func newWaitQueue() *waitQueue {
 	return &waitQueue{
 		q:      flow.New(flow.Config{Bands: maxBands}),
 		groups: map[string]*waitGroup{},
+		own:    map[string]float64{},
+		peers:  map[string]int64{},
 		kick:   make(chan struct{}, 1),
 		stop:   make(chan struct{}),
 	}
@@ -341,6 +349,7 @@ func (wq *waitQueue) dispatchLoop(s *state) {
 		}
 		s.deciding.Lock()
 		wq.mu.Lock()
+		wq.addPeers(s.node())
 		wq.dispatch()
 		idle := wq.q.Len() == 0
 		if idle {
@@ -501,8 +510,59 @@ func (p *KVCacheAware) charge(r *http.Request, req *llmRequest, g *gathered, cho
 	req.charged = float64(g.estimate) + f.outputWeight*out
 	wq := p.state.wq
 	wq.mu.Lock()
-	wq.q.Serve(tenant, req.charged)
+	wq.serve(tenant, req.charged)
 	wq.mu.Unlock()
+}
+
+// serve counts tokens served to a tenant by this replica (under mu).
+func (wq *waitQueue) serve(tenant string, tokens float64) {
+	wq.q.Serve(tenant, tokens)
+	if len(wq.own) >= flow.DefaultMaxTenants {
+		// Client-chosen names: the least served are forgotten (the peers' sums then hold
+		// what was published of them).
+		keep := make([]TenantStatus, 0, len(wq.own))
+		for name, v := range wq.own {
+			keep = append(keep, TenantStatus{Name: name, TokensServed: v})
+		}
+		sortTenants(keep)
+		for _, t := range keep[flow.DefaultMaxTenants*9/10:] {
+			delete(wq.own, t.Name)
+		}
+	}
+	wq.own[tenant] = max(0, wq.own[tenant]+tokens)
+}
+
+// addPeers adds to the queue's counters what the cluster's peers served since the last call
+// (under mu). A peer's record is its tenants' totals: a total that went down (a peer gone or
+// restarted, a tenant out of its record) takes nothing back, and counts again once it passes
+// what was added.
+func (wq *waitQueue) addPeers(n *cluster.Node) {
+	if n == nil {
+		return
+	}
+	for name, total := range n.PeerTokens() {
+		if d := total - wq.peers[name]; d > 0 {
+			wq.q.Serve(name, float64(d))
+			wq.peers[name] = total
+		}
+	}
+	if len(wq.peers) > flow.DefaultMaxTenants {
+		clear(wq.peers) // bounded: re-learned from the totals, counted at most once more
+	}
+}
+
+// TokensServed is the node's TokensSource: this replica's tokens served per tenant.
+func (h clusterHandler) TokensServed() map[string]int64 {
+	wq := h.s.wq
+	wq.mu.Lock()
+	defer wq.mu.Unlock()
+	m := make(map[string]int64, len(wq.own))
+	for name, v := range wq.own {
+		if v >= 1 {
+			m[name] = int64(v)
+		}
+	}
+	return m
 }
 
 // settleTokens corrects the tenant's tokens served once the answer told its usage.
@@ -518,7 +578,7 @@ func (s *state) settleTokens(lr *llmRequest, u usage) {
 	delta := actual - lr.charged
 	lr.charged = actual
 	s.wq.mu.Lock()
-	s.wq.q.Serve(lr.tenant, delta)
+	s.wq.serve(lr.tenant, delta)
 	s.wq.mu.Unlock()
 }
 
@@ -539,8 +599,10 @@ type TenantStatus struct {
 }
 
 // status reads the queue.
-func (wq *waitQueue) status() *QueueStatus {
+func (s *state) queueStatus() *QueueStatus {
+	wq := s.wq
 	wq.mu.Lock()
+	wq.addPeers(s.node())
 	defer wq.mu.Unlock()
 	st := &QueueStatus{Waiting: wq.q.Len(), Bands: map[string]int{}}
 	for b := range wq.q.Bands() {
@@ -596,6 +658,7 @@ func (*tenantCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	wq := s.wq
 	wq.mu.Lock()
+	wq.addPeers(s.node())
 	var all []TenantStatus
 	wq.q.Tenants(func(name string, served float64, queued int) {
 		all = append(all, TenantStatus{Name: name, TokensServed: served})

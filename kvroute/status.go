@@ -80,7 +80,7 @@ type UpstreamStatus struct {
 func (s *state) status() Status {
 	st := Status{Models: map[string]ModelStatus{}, Upstreams: map[string]UpstreamStatus{}}
 	st.Loaded = s.loaded()
-	st.Queue = s.wq.status()
+	st.Queue = s.queueStatus()
 	st.StoredChars = s.forest.Chars()
 	st.Sessions = s.sessions.len()
 	st.PendingSessions = s.pending.len()
