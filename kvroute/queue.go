@@ -261,7 +261,7 @@ func (p *KVCacheAware) await(pool reverseproxy.UpstreamPool, r *http.Request, w 
 			req.queued = overdue // queue_timeout 0: never wait
 			return true
 		}
-		p.shed(w, req, bandName, reason)
+		p.shed(w, r, req, bandName, reason)
 		return false
 	}
 	wq.q.Push(&wt.item)
@@ -302,7 +302,7 @@ func (p *KVCacheAware) await(pool reverseproxy.UpstreamPool, r *http.Request, w 
 		req.queued, req.slot = dispatched, wt
 		return true
 	case p.opts.flow != nil:
-		p.shed(w, req, bandName, "timeout")
+		p.shed(w, r, req, bandName, "timeout")
 		return false
 	}
 	req.queued = overdue
@@ -451,7 +451,7 @@ func (wq *waitQueue) close() {
 
 // shed answers 429 with Retry-After and an error in the request's API format, when there is a
 // response writer (Select returns nil after it: Caddy's 503 then finds the answer written).
-func (p *KVCacheAware) shed(w http.ResponseWriter, req *llmRequest, band, reason string) {
+func (p *KVCacheAware) shed(w http.ResponseWriter, r *http.Request, req *llmRequest, band, reason string) {
 	req.shed.Store(true)
 	metrics.shed.WithLabelValues(band, reason).Inc()
 	if w == nil {
@@ -464,7 +464,11 @@ func (p *KVCacheAware) shed(w http.ResponseWriter, req *llmRequest, band, reason
 	case flow.TenantFull.String():
 		msg = "too many of your requests wait for the fleet: try again later"
 	}
-	body := shedBody(req.Format, msg, reason)
+	f := req.Format
+	if f == llmreq.None {
+		f = llmreq.Hint(r) // a body that did not parse: its path and headers name its API
+	}
+	body := shedBody(f, msg, reason)
 	h := w.Header()
 	h.Set("Retry-After", retryAfter)
 	h.Set("Content-Type", "application/json")
