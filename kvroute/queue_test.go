@@ -480,3 +480,24 @@ func TestQueueLearnedSlots(t *testing.T) {
 		t.Errorf("%d requests at the engine, want 3", n)
 	}
 }
+
+// A tenant's tokens served are charged when its request is dispatched (the prompt's estimate
+// plus output_weight × max_tokens) and corrected from the answer's usage through llm_feedback:
+// 10 prompt and 5 completion tokens at weight 2 make 20.
+func TestQueueTokensCorrectedByUsage(t *testing.T) {
+	g := newGated(t)
+	cfg := queueConfig(g, "flow_control {\n\t\t\t\ttenant {http.request.header.X-Tenant}\n\t\t\t}", "")
+	cfg = strings.Replace(cfg, "\t@llm llm_prompt\n", "\t@llm llm_prompt\n\tllm_feedback\n", 1)
+	startCaddy(t, cfg)
+	series := `caddy_kvroute_tenant_tokens_served{tenant="usage-tenant"}`
+	body := strings.Replace(chatBody("m", strings.Repeat("a prompt of some length. ", 40)), `{"model":"m",`, `{"model":"m","max_tokens":1,`, 1)
+	ch := postAsync(context.Background(), "/v1/chat/completions", body, "X-Tenant", "usage-tenant")
+	waitFor(t, func() bool { return len(g.arrived()) == 1 }, "the request reaches the upstream")
+	charged := metricValue(t, series)
+	if charged < 200 || charged > 300 {
+		t.Errorf("charged %v tokens at dispatch for a prompt of ~250 tokens and max_tokens 1, want its estimate + 2", charged)
+	}
+	g.releaseN(t, 1)
+	mustOK(t, ch)
+	waitFor(t, func() bool { return metricValue(t, series) == 20 }, fmt.Sprintf("tokens served corrected to the usage's 10 + 2×5 (charged %v, now %v)", charged, metricValue(t, series)))
+}
