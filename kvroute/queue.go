@@ -39,6 +39,9 @@ const maxBands = 16
 // a peer's count) free slots without telling it.
 const queuePoll = 100 * time.Millisecond
 
+// maxQueuedAlone bounds the requests waiting without flow_control (a variable: tests lower it).
+var maxQueuedAlone = DefaultMaxQueued
+
 // retryAfter is the Retry-After of a shed request, in seconds: slots free in seconds in a
 // busy fleet, and clients back off on their own beyond it.
 const retryAfter = "1"
@@ -248,6 +251,8 @@ func (p *KVCacheAware) await(pool reverseproxy.UpstreamPool, r *http.Request, w 
 	wq.mu.Lock()
 	reason := ""
 	switch f := p.opts.flow; {
+	case f == nil && wq.q.Len() >= maxQueuedAlone:
+		reason = flow.Full.String() // without flow_control: it goes on at once, as today
 	case f != nil && wq.q.Len() >= f.maxQueued:
 		reason = flow.Full.String()
 	case f != nil && f.maxPerTenant > 0 && wq.q.LenTenant(tenant) >= f.maxPerTenant:
@@ -258,7 +263,7 @@ func (p *KVCacheAware) await(pool reverseproxy.UpstreamPool, r *http.Request, w 
 	if reason != "" {
 		wq.mu.Unlock()
 		if p.opts.flow == nil {
-			req.queued = overdue // queue_timeout 0: never wait
+			req.queued = overdue // the queue is full: it goes on as if it had not waited
 			return true
 		}
 		p.shed(w, r, req, bandName, reason)

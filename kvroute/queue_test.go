@@ -501,3 +501,21 @@ func TestQueueTokensCorrectedByUsage(t *testing.T) {
 	mustOK(t, ch)
 	waitFor(t, func() bool { return metricValue(t, series) == 20 }, fmt.Sprintf("tokens served corrected to the usage's 10 + 2×5 (charged %v, now %v)", charged, metricValue(t, series)))
 }
+
+// Without flow_control, a request that finds the queue full (10,000 waiting; here 1) goes on
+// at once, as it would without the queue: never a 429 without flow_control.
+func TestQueueFullWithoutFlowControlGoesOn(t *testing.T) {
+	defer func(n int) { maxQueuedAlone = n }(maxQueuedAlone)
+	maxQueuedAlone = 1
+	g := newGated(t)
+	startCaddy(t, queueConfig(g, "queue_timeout 1m", ""))
+	first := occupy(t, g)
+	waiting := enqueue(t, "/v1/chat/completions", chatBody("m", "waits"), "X-Req", "w1")
+	over := postAsync(context.Background(), "/v1/chat/completions", chatBody("m", "over the bound"), "X-Req", "over")
+	waitFor(t, func() bool { return len(g.arrived()) == 2 }, "the request over the bound reaches the upstream at once")
+	if got, want := strings.Join(g.arrived(), ","), "occupier,over"; got != want {
+		t.Errorf("requests at the upstream %s, want %s", got, want)
+	}
+	g.releaseN(t, 3)
+	mustOK(t, first, waiting, over)
+}
