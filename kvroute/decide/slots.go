@@ -63,19 +63,6 @@ func (s *Slots) ObserveGauges(running, waiting, at int64) {
 	s.n++
 }
 
-// ObserveHeld takes in one reading of the engine's running gauge at at while the router holds
-// requests back that this engine could take (a router-side queue: late binding). The engine's
-// queue has moved to the router, so the engine runs at its capacity without a queue of its own:
-// running at (or above) the figure is a sample, as a reading with requests waiting would be.
-// Without it the figure would lapse (SlotSampleLife) while the router keeps the engines from
-// queueing, the router would stop holding requests back, and the engines would queue until it
-// was learned again. Below the figure is no sample.
-func (s *Slots) ObserveHeld(running, at int64) {
-	if cur, _ := s.Figures(at); cur > 0 && running >= cur {
-		s.ObserveGauges(running, 1, at)
-	}
-}
-
 // ObserveOutput takes in one interval's generation tokens and the requests the engine started
 // in it: their ratio over the latest OutputWindow intervals is the mean output per request
 // (summed over the window, not averaged per interval: a request's tokens fall in the

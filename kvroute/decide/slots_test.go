@@ -42,25 +42,3 @@ func TestSlots(t *testing.T) {
 		t.Errorf("%v allocations per observation", a)
 	}
 }
-
-// While the router holds requests back, readings at the figure keep it past SlotSampleLife;
-// readings below it are no sample; without a figure nothing is learned.
-func TestSlotsObserveHeld(t *testing.T) {
-	var s Slots
-	now := int64(1e18)
-	s.ObserveHeld(4, now)
-	if n, _ := s.Figures(now); n != 0 {
-		t.Fatalf("held readings without a figure taught %d slots", n)
-	}
-	for range MinSlotSamples {
-		s.ObserveGauges(4, 1, now)
-	}
-	for range 3 * SlotWindow {
-		now += SlotSampleLife / 4
-		s.ObserveHeld(4, now)
-		s.ObserveHeld(2, now)
-	}
-	if n, _ := s.Figures(now); n != 4 {
-		t.Errorf("after %d held readings at 4 over %v s: %d slots, want 4", 3*SlotWindow, 3*SlotWindow*SlotSampleLife/4/1e9, n)
-	}
-}
