@@ -11,6 +11,9 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 )
 
 // gated is a loopback upstream that holds every request until the test releases one: with
@@ -518,4 +521,34 @@ func TestQueueFullWithoutFlowControlGoesOn(t *testing.T) {
 	}
 	g.releaseN(t, 3)
 	mustOK(t, first, waiting, over)
+}
+
+// A request's band is the one its priority names; without one, the first band; naming no band
+// (a typo, a forged value), the last: it never outranks a named band. Its tenant is its
+// placeholder's value, a long one replaced by a digest.
+func TestQueueFlowOf(t *testing.T) {
+	fc := &FlowControl{Tenant: "{http.request.header.X-Tenant}", Priority: "{http.request.header.X-Priority}",
+		Bands: []FlowBand{{Name: "hi"}, {Name: "mid"}, {Name: "lo"}}}
+	p := &KVCacheAware{FlowControl: fc}
+	p.opts = p.settings(false)
+	for _, tc := range []struct {
+		priority, tenant string
+		band             int
+		wantTenant       string
+	}{
+		{"", "acme", 0, "acme"},
+		{"mid", "acme", 1, "acme"},
+		{"lo", "", 2, ""},
+		{"urgent!!", "acme", 2, "acme"},
+		{"hi", strings.Repeat("t", 200), 0, boundKey(strings.Repeat("t", 200), maxTenantLen)},
+	} {
+		r := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", nil)
+		r.Header.Set("X-Priority", tc.priority)
+		r.Header.Set("X-Tenant", tc.tenant)
+		r = r.WithContext(context.WithValue(r.Context(), caddy.ReplacerCtxKey, caddyhttp.NewTestReplacer(r)))
+		band, name, tenant, timeout := p.flowOf(r)
+		if band != tc.band || name != fc.Bands[tc.band].Name || tenant != tc.wantTenant || timeout != DefaultQueueTimeout {
+			t.Errorf("priority %q tenant %q: band %d (%s), tenant %q, timeout %v; want band %d, tenant %q, %v", tc.priority, tc.tenant, band, name, tenant, timeout, tc.band, tc.wantTenant, DefaultQueueTimeout)
+		}
+	}
 }
