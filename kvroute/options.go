@@ -105,7 +105,7 @@ func (p *KVCacheAware) settings(resolve bool) settings {
 		queueTimeout:     time.Duration(valueOr(p.QueueTimeout, caddy.Duration(DefaultQueueTimeout))),
 		flowGiven:        p.FlowControl,
 	}
-	s.flow = p.FlowControl.settings(s.queueTimeout)
+	s.flow = p.FlowControl.settings(p.QueueTimeout)
 	if c := p.SessionCookie; c != nil {
 		s.cookie = &SessionCookie{Name: or(c.Name, DefaultCookieName), Secret: c.Secret}
 		s.cookieSecretSet = c.Secret != ""

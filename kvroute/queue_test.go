@@ -547,8 +547,8 @@ func TestQueueFlowOf(t *testing.T) {
 		r.Header.Set("X-Tenant", tc.tenant)
 		r = r.WithContext(context.WithValue(r.Context(), caddy.ReplacerCtxKey, caddyhttp.NewTestReplacer(r)))
 		band, name, tenant, timeout := p.flowOf(r)
-		if band != tc.band || name != fc.Bands[tc.band].Name || tenant != tc.wantTenant || timeout != DefaultQueueTimeout {
-			t.Errorf("priority %q tenant %q: band %d (%s), tenant %q, timeout %v; want band %d, tenant %q, %v", tc.priority, tc.tenant, band, name, tenant, timeout, tc.band, tc.wantTenant, DefaultQueueTimeout)
+		if band != tc.band || name != fc.Bands[tc.band].Name || tenant != tc.wantTenant || timeout != DefaultBandTimeout {
+			t.Errorf("priority %q tenant %q: band %d (%s), tenant %q, timeout %v; want band %d, tenant %q, %v", tc.priority, tc.tenant, band, name, tenant, timeout, tc.band, tc.wantTenant, DefaultBandTimeout)
 		}
 	}
 }
