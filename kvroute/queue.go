@@ -410,12 +410,14 @@ func (wq *waitQueue) freeSlot(key string, now int64) *upstreamState {
 		if c.st.health.down.Load() {
 			continue
 		}
-		d := decide.Candidate{Profile: c.prof, Load: c.load}
+		// The load is read here, under state.deciding (candidates may leave it to gather).
+		load := p.state.load(c.st, now)
+		d := decide.Candidate{Profile: c.prof, Load: load}
 		engineFacts(&d, c.st)
 		if full(&d, c.st, now) {
 			continue
 		}
-		if l := c.load + c.st.reserved.Load(); l < bestLoad {
+		if l := load + c.st.reserved.Load(); l < bestLoad {
 			best, bestLoad = c.st, l
 		}
 	}
