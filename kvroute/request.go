@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"strconv"
 	"sync/atomic"
+	"time"
 	"unicode/utf8"
 
 	"github.com/caddyserver/caddy/v2"
@@ -69,6 +70,16 @@ type llmRequest struct {
 	// judgeBy and repl judge the last attempt when the request ends (watchEnd), under Caddy.
 	judgeBy *state
 	repl    *caddy.Replacer
+	// The router-side queue (queue.go): queued tells whether it waited and how it left, slot
+	// the slot it was handed (given back when it is decided), waited how long it waited; shed:
+	// it was answered 429 (a retry of it is never queued again).
+	queued uint8
+	slot   *waiter
+	waited time.Duration
+	shed   atomic.Bool
+	// Its tenant's tokens served (flow_control): charged at dispatch, corrected by its usage.
+	tenant                       string
+	weight, outEstimate, charged float64
 }
 
 // requestFor returns the request's extracted LLM request, reading at most maxBody bytes of the
@@ -282,6 +293,7 @@ func (lr *llmRequest) untrack() {
 			u.learn.sent.partialIn(-1)
 		}
 		loadChanged()
+		capacityFreed()
 	}
 }
 

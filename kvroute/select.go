@@ -64,13 +64,16 @@ func (p *KVCacheAware) selectUpstream(pool reverseproxy.UpstreamPool, r *http.Re
 	p.state.ready(p.reg)
 	req := attemptFor(r, DefaultMaxBody)
 	defer req.placed()
+	if req.shed.Load() {
+		return nil // answered 429 (queue.go): a retry of it does not queue again
+	}
 	p.state.noteRetry(r, req)
 	// The tree match, the slow part, and every fact no decision changes are read before the
 	// decisions' lock: what the engines reported and taught, what the trees hold, the prompt's
 	// tokens (prepare). Under it, only what the decisions themselves change (gather).
 	treeName := p.treeName(req.Model)
 	held := p.matchText(treeName, req.Text)
-	defer held.release()
+	defer func() { held.release() }()
 	g := gatheredPool.Get().(*gathered)
 	defer g.release()
 	p.prepare(g, pool, req, held)
@@ -87,7 +90,28 @@ func (p *KVCacheAware) selectUpstream(pool reverseproxy.UpstreamPool, r *http.Re
 	}
 	defer unlock() // a panic while deciding must not hold up every later decision
 
-	if !p.gather(g, pool, r, req) {
+	ok := p.gather(g, pool, r, req)
+	if ok && p.admit(g, pool, req) {
+		// Every candidate is full: wait for a slot (queue.go), then decide on the state of
+		// that moment.
+		unlock()
+		if !p.await(pool, r, w, req) {
+			return nil
+		}
+		held.release()
+		held = p.matchText(treeName, req.Text)
+		*g = gathered{}
+		p.prepare(g, pool, req, held)
+		p.state.deciding.Lock()
+		locked = true
+		if req.slot != nil {
+			p.unreserve(req.slot)
+			req.slot = nil
+		}
+		ok = p.gather(g, pool, r, req)
+		ok = ok && !p.admit(g, pool, req)
+	}
+	if !ok {
 		unlock()
 		req.untrack()
 		p.count(nil, req, pathNoCandidate)
@@ -95,6 +119,7 @@ func (p *KVCacheAware) selectUpstream(pool reverseproxy.UpstreamPool, r *http.Re
 	}
 	res := decide.Decide(&p.core, &g.snap)
 	c := p.recordChoice(g, r, req, res)
+	p.charge(r, req, g, res.Chosen)
 	unlock()
 	p.explain(w, req, c, int(res.Path))
 	return p.commit(r, w, req, c, treeName, g.sess, int(res.Path))
