@@ -103,17 +103,17 @@ func (cfg Config) withDefaults() Config {
 	if cfg.MaxBatchTokens <= 0 {
 		cfg.MaxBatchTokens = DefaultMaxBatchTokens
 	}
-	cfg.StepFixed = orDefault(cfg.StepFixed, DefaultStepFixed)
-	cfg.PrefillPerToken = orDefault(cfg.PrefillPerToken, DefaultPrefillPerToken)
-	cfg.PerSeq = orDefault(cfg.PerSeq, DefaultPerSeq)
-	cfg.MinEventInterval = orDefault(cfg.MinEventInterval, DefaultMinEventInterval)
+	cfg.StepFixed = engine.OrDefault(cfg.StepFixed, DefaultStepFixed)
+	cfg.PrefillPerToken = engine.OrDefault(cfg.PrefillPerToken, DefaultPrefillPerToken)
+	cfg.PerSeq = engine.OrDefault(cfg.PerSeq, DefaultPerSeq)
+	cfg.MinEventInterval = engine.OrDefault(cfg.MinEventInterval, DefaultMinEventInterval)
 	if cfg.Speed <= 0 {
 		cfg.Speed = 1
 	}
 	if cfg.DefaultMaxTokens <= 0 {
 		cfg.DefaultMaxTokens = DefaultMaxTokens
 	}
-	cfg.TransferPerToken = orDefault(cfg.TransferPerToken, DefaultTransferPerToken)
+	cfg.TransferPerToken = engine.OrDefault(cfg.TransferPerToken, DefaultTransferPerToken)
 	if cfg.BootstrapTimeout <= 0 {
 		cfg.BootstrapTimeout = DefaultBootstrapTimeout
 	}
@@ -124,17 +124,6 @@ func (cfg Config) withDefaults() Config {
 		cfg.MaxBodyBytes = DefaultMaxBodyBytes
 	}
 	return cfg
-}
-
-// orDefault maps zero to def and negative durations to zero.
-func orDefault(d, def time.Duration) time.Duration {
-	switch {
-	case d == 0:
-		return def
-	case d < 0:
-		return 0
-	}
-	return d
 }
 
 // scaled returns d divided by the speed factor.

@@ -76,14 +76,14 @@ func (c Config) withDefaults() Config {
 	if c.MaxLoras == 0 {
 		c.MaxLoras = DefaultMaxLoras
 	}
-	c.StepFixed = orDefault(c.StepFixed, DefaultStepFixed)
-	c.PerPrefillToken = orDefault(c.PerPrefillToken, DefaultPerPrefillToken)
-	c.PerSeq = orDefault(c.PerSeq, DefaultPerSeq)
+	c.StepFixed = OrDefault(c.StepFixed, DefaultStepFixed)
+	c.PerPrefillToken = OrDefault(c.PerPrefillToken, DefaultPerPrefillToken)
+	c.PerSeq = OrDefault(c.PerSeq, DefaultPerSeq)
 	return c
 }
 
 // orDefault maps zero to def and a negative duration to none.
-func orDefault(d, def time.Duration) time.Duration {
+func OrDefault(d, def time.Duration) time.Duration {
 	switch {
 	case d == 0:
 		return def
