@@ -82,7 +82,8 @@ func (c Config) withDefaults() Config {
 	return c
 }
 
-// orDefault maps zero to def and a negative duration to none.
+// OrDefault maps zero to def and a negative duration to none (0): a configuration field where
+// 0 means "the default" and a negative value "none".
 func OrDefault(d, def time.Duration) time.Duration {
 	switch {
 	case d == 0:
