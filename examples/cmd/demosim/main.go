@@ -30,6 +30,7 @@ import (
 func main() {
 	blocks := flag.Int("blocks", 1024, "chat: KV blocks per engine (the demo's -cache-blocks)")
 	speed := flag.Float64("mooncake-speed", 10, "mooncake: the engines' speed (the demo's -speed; step times divided by it), and for the open-loop scenario the time scale's inverse")
+	closedN := flag.Int("mooncake-closed-requests", 1000, "demo-mooncake-closed-16-4slots: the trace's first N requests (the demo's -limit)")
 	only := flag.String("only", "", "run only this scenario: demo-chat, demo-chat-slow, demo-mooncake-1000 or demo-mooncake-closed-16-4slots")
 	flag.Parse()
 	// The demo's sim fleet: llmsim's defaults.
@@ -65,7 +66,7 @@ func main() {
 		{fleetsim.Scenario{Name: "demo-chat", Requests: 512, Workload: chatW, Engines: fleet(4, chatEng), Clients: 16}, 0},
 		{fleetsim.Scenario{Name: "demo-chat-slow", Requests: 512, Workload: chatW, Engines: slow, Clients: 16}, 0},
 		{fleetsim.Scenario{Name: "demo-mooncake-1000", Requests: 1000, Workload: moonW, Engines: fleet(4, moonEng)}, moonRate},
-		{fleetsim.Scenario{Name: "demo-mooncake-closed-16-4slots", Requests: 1000, Workload: moonW, Engines: fleet(4, moon4), Clients: 16}, 0},
+		{fleetsim.Scenario{Name: "demo-mooncake-closed-16-4slots", Requests: *closedN, Workload: moonW, Engines: fleet(4, moon4), Clients: 16}, 0},
 	}
 	for _, s := range scs {
 		sc := s.sc
