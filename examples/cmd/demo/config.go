@@ -24,8 +24,9 @@ var errHelp = flag.ErrHelp
 // blocks each, the 256 blocks of a prefix cache whose fleet-sized LRU hits about 0.41-0.50
 // against 0.85 for an infinite cache, so that placement matters, beside a full batch of 8
 // requests of 96 blocks (the mean prompt is 1,606 tokens, the mean answer 125). The Mooncake
-// trace runs open loop, ten times faster than recorded, on workers ten times faster than real,
-// each with 65,536 blocks.
+// trace runs open loop by default, ten times faster than recorded, on workers ten times faster
+// than real, each with 65,536 blocks; -open=false replays it closed loop, -concurrency clients
+// each sending the trace's next request when its previous answer ends.
 const (
 	chatBlocksPerWorker     = workload.ChatFleetBlocks/4 + llmsim.DefaultSlots*96
 	mooncakeBlocksPerWorker = workload.MooncakeFleetBlocks / 4
@@ -50,6 +51,7 @@ type config struct {
 	sessionHeader bool
 	concurrency   int
 	openLoop      bool
+	openSet       bool // -open given on the command line (mooncake: else open loop)
 	trace         string
 	limit         int
 	sample        int
@@ -113,7 +115,7 @@ func parseFlags(args []string) (*config, error) {
 	fs.Uint64Var(&cfg.chat.Seed, "seed", cfg.chat.Seed, "chat: random seed")
 	fs.BoolVar(&cfg.sessionHeader, "session-header", false, "chat: send the conversation id in X-Session-ID (off: the main comparison is on prompts alone)")
 	fs.IntVar(&cfg.concurrency, "concurrency", defaultConcurrency, "closed loop: concurrent clients")
-	fs.BoolVar(&cfg.openLoop, "open", false, "chat: open loop (conversations arrive at -rate) instead of closed loop; mooncake is always open loop")
+	fs.BoolVar(&cfg.openLoop, "open", false, "open loop: chat conversations arrive at -rate, mooncake requests at the trace's times × -time-scale; closed loop: -concurrency clients, each sending its next conversation turn or trace request (in trace order) when its previous answer ends (default: chat closed, mooncake open; -open=false replays the trace closed loop)")
 	fs.Float64Var(&cfg.chat.Rate, "rate", cfg.chat.Rate, "chat, open loop: conversations started per second")
 
 	fs.StringVar(&cfg.trace, "trace", "", "mooncake: trace file (default: ../shared/workloads/"+workload.TraceFile+", found from the working directory up)")
@@ -163,6 +165,7 @@ func parseFlags(args []string) (*config, error) {
 	if fs.NArg() > 0 {
 		return nil, fmt.Errorf("unexpected arguments: %v", fs.Args())
 	}
+	fs.Visit(func(f *flag.Flag) { cfg.openSet = cfg.openSet || f.Name == "open" })
 	cfg.kvOptions = splitOptions(*kv)
 	if cfg.energy, err = parseEnergy(*en, cfg.workers); err != nil {
 		return nil, err
@@ -243,7 +246,9 @@ func (c *config) finish() error {
 		if c.timeScale == 0 {
 			c.timeScale = mooncakeTimeScale
 		}
-		c.openLoop = true
+		if !c.openSet {
+			c.openLoop = true
+		}
 		if c.trace == "" {
 			if c.trace = workload.FindTrace(workload.TraceFile); c.trace == "" {
 				return errors.New("mooncake trace not found: pass -trace")
