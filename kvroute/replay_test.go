@@ -142,24 +142,36 @@ func (rp *replayRun) decide(label string, pool reverseproxy.UpstreamPool, r *htt
 		if q.hold {
 			rp.held = append(rp.held, cancel)
 		} else {
+			release := rp.releaseOf(r)
 			cancel()
 			if up != nil {
-				rp.waitReleased(r)
+				release()
 			}
 		}
 	}
 	return chosen
 }
 
-// waitReleased waits for the ended request's in-flight count to go (a context.AfterFunc).
-func (rp *replayRun) waitReleased(r *http.Request) {
+// releaseOf returns, for a request about to end, what waits until its end has been counted
+// (a context.AfterFunc, on a goroutine of its own): its pick cleared, and its upstream's
+// in-flight count and queued tokens down by its own. untrack clears the pick first and moves
+// the counts after it: waiting for the pick alone let the next decision read the counts of a
+// request that had ended (a CI run under -race and load chose another upstream once).
+func (rp *replayRun) releaseOf(r *http.Request) func() {
 	lr := requestFor(r, DefaultMaxBody)
-	deadline := time.Now().Add(10 * time.Second)
-	for lr.pick.Load() != nil {
-		if time.Now().After(deadline) {
-			rp.t.Fatalf("%s step %d: the ended request still counts in flight", rp.scene, rp.step)
+	u := lr.pick.Load()
+	if u == nil {
+		return func() {}
+	}
+	inFlight, queued := u.inFlight.Load()-1, u.queuedTokens.Load()-lr.promptTokens()
+	return func() {
+		deadline := time.Now().Add(10 * time.Second)
+		for lr.pick.Load() != nil || u.inFlight.Load() != inFlight || u.queuedTokens.Load() != queued {
+			if time.Now().After(deadline) {
+				rp.t.Fatalf("%s step %d: the ended request still counts in flight", rp.scene, rp.step)
+			}
+			runtime.Gosched()
 		}
-		runtime.Gosched()
 	}
 }
 
@@ -188,7 +200,8 @@ func (rp *replayRun) endHeld(pool reverseproxy.UpstreamPool) {
 	rp.held = nil
 	deadline := time.Now().Add(10 * time.Second)
 	for _, u := range pool {
-		for rp.p.state.upstream(u.Dial).inFlight.Load() != 0 {
+		st := rp.p.state.upstream(u.Dial)
+		for st.inFlight.Load() != 0 || st.queuedTokens.Load() != 0 { // untrack moves both, one after the other
 			if time.Now().After(deadline) {
 				rp.t.Fatalf("%s: requests still in flight on %s", rp.scene, u.Dial)
 			}
@@ -413,8 +426,9 @@ var replayScenes = []replayScene{
 			r, cancel := rp.request(replayReq{prompt: long(coldPrompt(725), 500)})
 			first := rp.retry("first attempt", pool, r, replayReq{prompt: long(coldPrompt(725), 500)})
 			rp.retry("retry after "+first, pool, r, replayReq{prompt: long(coldPrompt(725), 500)})
+			release := rp.releaseOf(r)
 			cancel()
-			rp.waitReleased(r)
+			release()
 			rp.p.state.bindResponse("resp_1", "b:1")
 			rp.ask("responses follow-up", pool, replayReq{prompt: "and then?", prevResp: "resp_1"})
 		},
@@ -514,8 +528,9 @@ var replayScenes = []replayScene{
 			r, cancel := rp.request(replayReq{prompt: long(coldPrompt(825), 500)})
 			first := rp.retry("first attempt", pool, r, replayReq{prompt: long(coldPrompt(825), 500)})
 			rp.retry("retry after "+first, pool, r, replayReq{prompt: long(coldPrompt(825), 500)})
+			release := rp.releaseOf(r)
 			cancel()
-			rp.waitReleased(r)
+			release()
 			rp.p.state.bindResponse("resp_1", "a:1")
 			rp.ask("responses follow-up", pool, replayReq{prompt: "and then?", prevResp: "resp_1"})
 		},
