@@ -332,9 +332,17 @@ func TestQueueShed(t *testing.T) {
 			// reverse_proxy's "no upstreams available" behind the 429: logged as an error
 			// without llm_feedback, swallowed with it.
 			if caddyLog != nil {
-				part := make([]byte, caddyLogSize()-logStart)
-				n, _ := caddyLog.ReadAt(part, logStart)
-				errs := strings.Count(string(part[:n]), "no upstreams available")
+				// Caddy logs the error when the handler returns, after the 429 went out: wait for
+				// the three (without llm_feedback) rather than read the log once.
+				errs := 0
+				for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+					part := make([]byte, caddyLogSize()-logStart)
+					n, _ := caddyLog.ReadAt(part, logStart)
+					errs = strings.Count(string(part[:n]), "no upstreams available")
+					if feedback || errs >= 3 || time.Now().After(deadline) {
+						break
+					}
+				}
 				if feedback && errs != 0 {
 					t.Errorf("with llm_feedback: %d errors 'no upstreams available' logged for shed requests, want none", errs)
 				}
