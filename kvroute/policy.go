@@ -129,7 +129,7 @@ func (p *KVCacheAware) Provision(ctx caddy.Context) error {
 		p.profiles[addr] = &prof
 	}
 
-	static := staticUpstreams(ctx)
+	static, pool := staticUpstreams(ctx)
 	if len(static) > 0 {
 		inPool := make(map[string]bool, len(static))
 		for _, a := range static {
@@ -155,6 +155,8 @@ func (p *KVCacheAware) Provision(ctx caddy.Context) error {
 		config:      ctx.Done(),
 		provisioned: time.Now(),
 		static:      static,
+		policy:      p,
+		pool:        pool,
 		profiles:    p.Upstreams,
 		logger:      p.logger,
 		scheme:      proxyScheme(ctx),
@@ -189,18 +191,20 @@ func (p *KVCacheAware) Provision(ctx caddy.Context) error {
 
 // staticUpstreams returns the dial addresses of the static upstreams of the reverse_proxy
 // handler that loads the policy (its parent module): they tell which tenants leave when a
-// reload removes them.
-func staticUpstreams(ctx caddy.Context) []string {
+// reload removes them; and the pool itself.
+func staticUpstreams(ctx caddy.Context) ([]string, reverseproxy.UpstreamPool) {
 	var static []string
+	var pool reverseproxy.UpstreamPool
 	for _, m := range ctx.Modules() {
 		if h, ok := m.(*reverseproxy.Handler); ok {
 			static = static[:0]
+			pool = h.Upstreams
 			for _, u := range h.Upstreams {
 				static = append(static, u.Dial)
 			}
 		}
 	}
-	return static
+	return static, pool
 }
 
 // Validate checks the options of a policy that was not provisioned from a Caddyfile (Provision

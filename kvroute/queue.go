@@ -73,11 +73,35 @@ type waitQueue struct {
 }
 
 // waitGroup is what the dispatcher needs to tell whether one group's requests can go: the
-// pool and the policy of the latest request that joined it.
+// pool and the policy of the latest request that joined it; once that policy is retired (a
+// reload), the live policy that succeeds it and its pool (live).
 type waitGroup struct {
 	model string
 	pool  reverseproxy.UpstreamPool
 	p     *KVCacheAware
+}
+
+// live returns the policy and pool the group is judged by: its own while its policy lives,
+// else its successor's (state.successor), so that a reload's new limits and upstreams count
+// for the requests that wait, and removed upstreams are not looked at again.
+func (grp *waitGroup) live() (*KVCacheAware, reverseproxy.UpstreamPool) {
+	return liveFor(grp.p, grp.pool)
+}
+
+// liveFor returns p and pool while p lives, else the live policy that succeeds it and its
+// static pool (pool when p's was dynamic or the successor has none).
+func liveFor(p *KVCacheAware, pool reverseproxy.UpstreamPool) (*KVCacheAware, reverseproxy.UpstreamPool) {
+	if p.reg == nil || !p.reg.retired.Load() {
+		return p, pool
+	}
+	q := p.state.successor(p.reg)
+	if q == nil {
+		return p, pool
+	}
+	if len(p.reg.static) > 0 && len(q.pool) > 0 {
+		pool = q.pool
+	}
+	return q.policy, pool
 }
 
 // waiter is one request waiting.
@@ -400,9 +424,9 @@ func (wq *waitQueue) freeSlot(key string, now int64) *upstreamState {
 	if grp == nil {
 		return nil
 	}
-	p := grp.p
+	p, pool := grp.live()
 	var buf [16]candidate
-	cands := p.candidates(buf[:0], grp.pool, grp.model, now)
+	cands := p.candidates(buf[:0], pool, grp.model, now)
 	var best *upstreamState
 	bestLoad := int64(math.MaxInt64)
 	for i := range cands {

@@ -98,6 +98,9 @@ func (p *KVCacheAware) selectUpstream(pool reverseproxy.UpstreamPool, r *http.Re
 		if !p.await(pool, r, w, req) {
 			return nil
 		}
+		// A reload while it waited: the live config decides it, over its pool (the slot
+		// it was handed may be on an upstream the reload added).
+		p, pool = liveFor(p, pool)
 		held.release()
 		held = p.matchText(treeName, req.Text)
 		*g = gathered{}

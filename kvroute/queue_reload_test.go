@@ -1,0 +1,39 @@
+package kvroute
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+)
+
+// A reload that raises max_concurrency while a request waits hands it the new slot at once:
+// it does not wait for the occupier (the waiting group is judged by the live config).
+func TestQueueReloadRaisesCapacity(t *testing.T) {
+	g := newGated(t)
+	startCaddy(t, queueConfig(g, "queue_timeout 1m", ""))
+	first := occupy(t, g)
+	waiting := enqueue(t, "/v1/chat/completions", chatBody("m", "waits for more room"), "X-Req", "waiter")
+	load(t, strings.Replace(queueConfig(g, "queue_timeout 1m", ""), "max_concurrency 1", "max_concurrency 2", 1))
+	waitFor(t, func() bool { return len(g.arrived()) == 2 }, "the waiter reaches the upstream's new slot while the occupier holds the old one")
+	g.releaseN(t, 2)
+	mustOK(t, first, waiting)
+}
+
+// A reload that adds an idle upstream while a request waits sends it there at once.
+func TestQueueReloadAddsUpstream(t *testing.T) {
+	g := newGated(t)
+	g2 := newGated(t)
+	startCaddy(t, queueConfig(g, "queue_timeout 1m", ""))
+	first := occupy(t, g)
+	waiting := enqueue(t, "/v1/chat/completions", chatBody("m", "waits for another engine"), "X-Req", "waiter")
+	cfg := queueConfig(g, fmt.Sprintf("queue_timeout 1m\n\t\t\tupstream %s {\n\t\t\t\tmax_concurrency 1\n\t\t\t}", g2.addr()), "")
+	cfg = strings.Replace(cfg, "reverse_proxy @llm "+g.addr(), "reverse_proxy @llm "+g.addr()+" "+g2.addr(), 1)
+	load(t, cfg)
+	waitFor(t, func() bool { return len(g2.arrived()) == 1 }, "the waiter reaches the idle upstream the reload added")
+	g2.releaseN(t, 1)
+	g.releaseN(t, 1)
+	mustOK(t, first, waiting)
+	if q := queued(); q != 0 {
+		t.Errorf("%d requests wait, want 0", q)
+	}
+}
