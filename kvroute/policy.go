@@ -85,8 +85,10 @@ type KVCacheAware struct {
 	Cluster *ClusterConfig `json:"cluster,omitempty"`
 	// How long a request may wait at the router while every upstream that could serve it is
 	// full (its batch slots busy: learned from its engine, else max_concurrency; an upstream
-	// with neither is never full). 0: never wait. Default: 10s. Past it, a request goes on
-	// as if it had not waited (without flow_control) or is shed with 429 (with it).
+	// with neither is never full). 0: never wait. Default: 0 (DefaultQueueTimeout). Past it, a
+	// request goes on as if it had not waited. With flow_control, a value other than 0 is the
+	// bands' default queue_timeout (past it: 429); 0 or none leaves them 10s
+	// (DefaultBandTimeout) unless a band gives its own.
 	QueueTimeout *caddy.Duration `json:"queue_timeout,omitempty"`
 	// Who waits first when the fleet is full: bands, tenants' fair shares; off unless set.
 	FlowControl *FlowControl `json:"flow_control,omitempty"`

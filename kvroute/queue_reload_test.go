@@ -1,6 +1,7 @@
 package kvroute
 
 import (
+	"context"
 	"fmt"
 	"strings"
 	"testing"
@@ -36,4 +37,23 @@ func TestQueueReloadAddsUpstream(t *testing.T) {
 	if q := queued(); q != 0 {
 		t.Errorf("%d requests wait, want 0", q)
 	}
+}
+
+// queue_timeout 0 written at the policy with flow_control: late binding without flow_control
+// is off, and flow_control's band still waits its default (10s), not shed at once.
+func TestQueueExplicitZeroWithFlowControl(t *testing.T) {
+	g := newGated(t)
+	startCaddy(t, queueConfig(g, "queue_timeout 0\n\t\t\tflow_control {\n\t\t\t\ttenant {http.request.header.X-Tenant}\n\t\t\t}", ""))
+	first := occupy(t, g)
+	ch := postAsync(context.Background(), "/v1/chat/completions", chatBody("m", "waits in the default band"), "X-Req", "waiter")
+	waitFor(t, func() bool {
+		select {
+		case r := <-ch:
+			t.Fatalf("the request was answered at once (status %d, body %q), want it to wait", r.status, r.body)
+		default:
+		}
+		return queued() == 1
+	}, "the request waits at the router")
+	g.releaseN(t, 2)
+	mustOK(t, first, ch)
 }
