@@ -70,6 +70,7 @@ type waitQueue struct {
 	kick    chan struct{} // wakes the dispatcher
 	stop    chan struct{} // closed when the state goes
 	stopped bool
+	memo    map[string]*upstreamState // dispatch's free slot per group (under mu)
 }
 
 // waitGroup is what the dispatcher needs to tell whether one group's requests can go: the
@@ -395,9 +396,20 @@ func (wq *waitQueue) dispatchLoop(s *state) {
 // dispatch hands each free slot to the request that goes first (under state.deciding and mu).
 func (wq *waitQueue) dispatch() {
 	now := time.Now().UnixNano()
-	var free *upstreamState
+	// Each group's free slot is looked up once per grant, not once per waiting flow (Next
+	// asks for every backlogged tenant's flows): the answers hold until a slot is reserved.
+	memo := wq.memo
+	if memo == nil {
+		memo = map[string]*upstreamState{}
+		wq.memo = memo
+	}
+	defer clear(memo)
 	ready := func(key string) bool {
-		free = wq.freeSlot(key, now)
+		free, ok := memo[key]
+		if !ok {
+			free = wq.freeSlot(key, now)
+			memo[key] = free
+		}
 		return free != nil
 	}
 	for wq.q.Len() > 0 {
@@ -405,9 +417,11 @@ func (wq *waitQueue) dispatch() {
 		if it == nil {
 			return
 		}
-		// ready's last answer may be another group's: the slot is looked up again (ready
-		// answered true for this group, and nothing moved since).
-		free = wq.freeSlot(it.Model, now)
+		free, ok := memo[it.Model] // ready answered true for this group, and nothing moved since
+		if !ok {
+			free = wq.freeSlot(it.Model, now)
+		}
+		clear(memo) // the reservation below may fill it
 		wt := it.Value.(*waiter)
 		if free != nil {
 			free.reserved.Add(1)
