@@ -325,7 +325,7 @@ func (p *KVCacheAware) await(pool reverseproxy.UpstreamPool, r *http.Request, w 
 	switch {
 	case gone:
 		if granted {
-			p.unreserve(wt)
+			wq.unreserve(wt)
 		}
 		return false
 	case granted:
@@ -341,12 +341,12 @@ func (p *KVCacheAware) await(pool reverseproxy.UpstreamPool, r *http.Request, w 
 
 // unreserve gives back the slot a waiter was handed (it is decided now, or its client left).
 // It runs once per waiter handed a slot.
-func (p *KVCacheAware) unreserve(wt *waiter) {
+func (wq *waitQueue) unreserve(wt *waiter) {
 	if wt.reserved != nil {
 		wt.reserved.reserved.Add(-1)
 		wt.reserved = nil
 	}
-	p.state.wq.held.Add(-1)
+	wq.held.Add(-1)
 	capacityFreed()
 }
 

@@ -3,7 +3,9 @@ package kvroute
 import (
 	"context"
 	"fmt"
+	"net/http"
 	"strings"
+	"sync"
 	"testing"
 )
 
@@ -56,4 +58,31 @@ func TestQueueExplicitZeroWithFlowControl(t *testing.T) {
 	}, "the request waits at the router")
 	g.releaseN(t, 2)
 	mustOK(t, first, ch)
+}
+
+// A panic in the decision of a request handed a slot gives the slot back: nothing stays
+// reserved or held (the next request is not kept waiting for it).
+func TestQueuePanicAfterGrantFreesSlot(t *testing.T) {
+	g := newGated(t)
+	startCaddy(t, queueConfig(g, "queue_timeout 1m", ""))
+	first := occupy(t, g)
+	var once sync.Once
+	hook := func() { once.Do(func() { panic("test: a panic in the re-decision") }) }
+	testHookRedecide.Store(&hook)
+	t.Cleanup(func() { testHookRedecide.Store(nil) })
+	waiting := enqueue(t, "/v1/chat/completions", chatBody("m", "panics once handed a slot"), "X-Req", "panics")
+	g.releaseN(t, 1)
+	mustOK(t, first)
+	if r := <-waiting; r.err == nil && r.status == http.StatusOK {
+		t.Errorf("the request that panicked was answered %d", r.status)
+	}
+	wq := currentState().wq
+	waitFor(t, func() bool { return wq.held.Load() == 0 }, "nothing held once the request that panicked is gone")
+	u := currentState().upstream(g.addr())
+	if n := u.reserved.Load(); n != 0 {
+		t.Errorf("%d slots reserved on the upstream, want 0", n)
+	}
+	after := postAsync(context.Background(), "/v1/chat/completions", chatBody("m", "after the panic"), "X-Req", "after")
+	g.releaseN(t, 1)
+	mustOK(t, after)
 }
