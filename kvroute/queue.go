@@ -164,9 +164,10 @@ func full(c *decide.Candidate, u *upstreamState, now int64) bool {
 }
 
 // admit runs after gather, under state.deciding: it reports whether req must wait (every
-// candidate full, or requests of its group wait already: no overtaking). A request handed a
-// slot leaves out the full candidates (unless all are), so that it takes a free one.
-func (p *KVCacheAware) admit(g *gathered, pool reverseproxy.UpstreamPool, req *llmRequest) bool {
+// candidate full, or requests of its group wait already, or requests of another group that
+// may use one of its free candidates: no overtaking). A request handed a slot leaves out the
+// full candidates (unless all are), so that it takes a free one.
+func (p *KVCacheAware) admit(g *gathered, pool reverseproxy.UpstreamPool, r *http.Request, req *llmRequest) bool {
 	if p.opts.queueTimeout <= 0 && p.opts.flow == nil {
 		return false
 	}
@@ -187,11 +188,40 @@ func (p *KVCacheAware) admit(g *gathered, pool reverseproxy.UpstreamPool, req *l
 			key := groupKey(req.Model, pool)
 			wq.mu.Lock()
 			waiting := wq.q.LenModel(key) > 0
+			if !waiting {
+				// A request that may not wait (its band's queue_timeout 0) is not held
+				// back for the other groups: it would be shed while a slot is free.
+				_, _, _, timeout := p.flowOf(r)
+				waiting = timeout > 0 && wq.sharesFree(g, now)
+			}
 			wq.mu.Unlock()
 			return waiting
 		}
 	}
 	return true
+}
+
+// sharesFree reports whether a group with requests waiting (another model's, or another
+// pool's) may use one of g's free candidates: the arrival then waits too, and the dispatcher
+// orders them (bands, tenants, arrival), so that it does not take a freed slot ahead of them
+// (under mu).
+func (wq *waitQueue) sharesFree(g *gathered, now int64) bool {
+	for key, grp := range wq.groups {
+		if wq.q.LenModel(key) == 0 {
+			continue
+		}
+		_, pool := grp.live()
+		for i := range g.cands {
+			if full(&g.snap.Candidates[i], g.cands[i].st, now) {
+				continue
+			}
+			dial := g.cands[i].up.Dial
+			if slices.ContainsFunc(pool, func(up *reverseproxy.Upstream) bool { return up != nil && up.Dial == dial }) {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // leaveFull leaves out of g the full candidates, unless all are.

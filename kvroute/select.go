@@ -91,7 +91,7 @@ func (p *KVCacheAware) selectUpstream(pool reverseproxy.UpstreamPool, r *http.Re
 	defer unlock() // a panic while deciding must not hold up every later decision
 
 	ok := p.gather(g, pool, r, req)
-	if ok && p.admit(g, pool, req) {
+	if ok && p.admit(g, pool, r, req) {
 		// Every candidate is full: wait for a slot (queue.go), then decide on the state of
 		// that moment.
 		unlock()
@@ -126,7 +126,7 @@ func (p *KVCacheAware) selectUpstream(pool reverseproxy.UpstreamPool, r *http.Re
 			req.slot = nil
 		}
 		ok = p.gather(g, pool, r, req)
-		ok = ok && !p.admit(g, pool, req)
+		ok = ok && !p.admit(g, pool, r, req)
 	}
 	if !ok {
 		unlock()
