@@ -28,7 +28,8 @@ import (
 // freed slot to the request that goes first (flow.Queue.Next) and reserves it (the upstream's
 // reserved count) until that request's decision counts it, so that no new arrival takes it.
 //
-// Lock order: state.deciding, then waitQueue.mu. A waiter never holds either while it waits.
+// Lock order: state.deciding, then waitQueue.mu, then state.mu (state.successor, for a group
+// whose policy a reload retired). A waiter never holds any of them while it waits.
 
 // maxBands bounds flow_control's bands: the process's queue has this many, whatever each
 // policy names.
