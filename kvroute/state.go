@@ -559,7 +559,8 @@ func pendingCap(maxSessions int) int {
 
 // newestLocked returns the most recently provisioned live policy, or nil.
 // successor returns the live policy that takes over the requests of the retired r: the newest
-// whose static upstreams share one with r's, else the newest; nil when none lives.
+// whose static upstreams share one with r's; nil when none does (r's requests then keep r and
+// its pool: another site's policy must not take them).
 func (s *state) successor(r *registration) *registration {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -573,11 +574,6 @@ func (s *state) successor(r *registration) *registration {
 		}
 		if best == nil || q.provisioned.After(best.provisioned) {
 			best = q
-		}
-	}
-	if best == nil {
-		if n := s.newestLocked(); n != nil && n.policy != nil && !n.retired.Load() && provisioned(n.pool) {
-			best = n
 		}
 	}
 	return best
