@@ -63,7 +63,7 @@ type FlowControl struct {
 type FlowBand struct {
 	Name string `json:"name"`
 	// How long its requests may wait before they are shed (429). Default: the policy's
-	// queue_timeout when given, else 10s.
+	// queue_timeout when given and not 0, else 10s.
 	QueueTimeout *caddy.Duration `json:"queue_timeout,omitempty"`
 }
 
@@ -92,8 +92,10 @@ func (f *FlowControl) settings(given *caddy.Duration) *flowSettings {
 		maxPerTenant: f.MaxQueuedPerTenant,
 		outputWeight: valueOr(f.OutputWeight, DefaultOutputWeight),
 	}
+	// The policy's queue_timeout, when given and not 0, is its bands' default; 0 turns off
+	// late binding without flow_control and leaves the bands their own default.
 	queueTimeout := DefaultBandTimeout
-	if given != nil {
+	if given != nil && *given > 0 {
 		queueTimeout = time.Duration(*given)
 	}
 	for _, b := range f.Bands {

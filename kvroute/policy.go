@@ -85,8 +85,10 @@ type KVCacheAware struct {
 	Cluster *ClusterConfig `json:"cluster,omitempty"`
 	// How long a request may wait at the router while every upstream that could serve it is
 	// full (its batch slots busy: learned from its engine, else max_concurrency; an upstream
-	// with neither is never full). 0: never wait. Default: 10s. Past it, a request goes on
-	// as if it had not waited (without flow_control) or is shed with 429 (with it).
+	// with neither is never full). 0: never wait. Default: 0 (DefaultQueueTimeout). Past it, a
+	// request goes on as if it had not waited. With flow_control, a value other than 0 is the
+	// bands' default queue_timeout (past it: 429); 0 or none leaves them 10s
+	// (DefaultBandTimeout) unless a band gives its own.
 	QueueTimeout *caddy.Duration `json:"queue_timeout,omitempty"`
 	// Who waits first when the fleet is full: bands, tenants' fair shares; off unless set.
 	FlowControl *FlowControl `json:"flow_control,omitempty"`
@@ -129,7 +131,7 @@ func (p *KVCacheAware) Provision(ctx caddy.Context) error {
 		p.profiles[addr] = &prof
 	}
 
-	static := staticUpstreams(ctx)
+	static, pool := staticUpstreams(ctx)
 	if len(static) > 0 {
 		inPool := make(map[string]bool, len(static))
 		for _, a := range static {
@@ -155,6 +157,8 @@ func (p *KVCacheAware) Provision(ctx caddy.Context) error {
 		config:      ctx.Done(),
 		provisioned: time.Now(),
 		static:      static,
+		policy:      p,
+		pool:        pool,
 		profiles:    p.Upstreams,
 		logger:      p.logger,
 		scheme:      proxyScheme(ctx),
@@ -189,18 +193,20 @@ func (p *KVCacheAware) Provision(ctx caddy.Context) error {
 
 // staticUpstreams returns the dial addresses of the static upstreams of the reverse_proxy
 // handler that loads the policy (its parent module): they tell which tenants leave when a
-// reload removes them.
-func staticUpstreams(ctx caddy.Context) []string {
+// reload removes them; and the pool itself.
+func staticUpstreams(ctx caddy.Context) ([]string, reverseproxy.UpstreamPool) {
 	var static []string
+	var pool reverseproxy.UpstreamPool
 	for _, m := range ctx.Modules() {
 		if h, ok := m.(*reverseproxy.Handler); ok {
 			static = static[:0]
+			pool = h.Upstreams
 			for _, u := range h.Upstreams {
 				static = append(static, u.Dial)
 			}
 		}
 	}
-	return static
+	return static, pool
 }
 
 // Validate checks the options of a policy that was not provisioned from a Caddyfile (Provision

@@ -28,7 +28,8 @@ import (
 // freed slot to the request that goes first (flow.Queue.Next) and reserves it (the upstream's
 // reserved count) until that request's decision counts it, so that no new arrival takes it.
 //
-// Lock order: state.deciding, then waitQueue.mu. A waiter never holds either while it waits.
+// Lock order: state.deciding, then waitQueue.mu, then state.mu (state.successor, for a group
+// whose policy a reload retired). A waiter never holds any of them while it waits.
 
 // maxBands bounds flow_control's bands: the process's queue has this many, whatever each
 // policy names.
@@ -70,14 +71,39 @@ type waitQueue struct {
 	kick    chan struct{} // wakes the dispatcher
 	stop    chan struct{} // closed when the state goes
 	stopped bool
+	memo    map[string]*upstreamState // dispatch's free slot per group (under mu)
 }
 
 // waitGroup is what the dispatcher needs to tell whether one group's requests can go: the
-// pool and the policy of the latest request that joined it.
+// pool and the policy of the latest request that joined it; once that policy is retired (a
+// reload), the live policy that succeeds it and its pool (live).
 type waitGroup struct {
 	model string
 	pool  reverseproxy.UpstreamPool
 	p     *KVCacheAware
+}
+
+// live returns the policy and pool the group is judged by: its own while its policy lives,
+// else its successor's (state.successor), so that a reload's new limits and upstreams count
+// for the requests that wait, and removed upstreams are not looked at again.
+func (grp *waitGroup) live() (*KVCacheAware, reverseproxy.UpstreamPool) {
+	return liveFor(grp.p, grp.pool)
+}
+
+// liveFor returns p and pool while p lives, else the live policy that succeeds it and its
+// static pool (pool when p's was dynamic or the successor has none).
+func liveFor(p *KVCacheAware, pool reverseproxy.UpstreamPool) (*KVCacheAware, reverseproxy.UpstreamPool) {
+	if p.reg == nil || !p.reg.retired.Load() {
+		return p, pool
+	}
+	q := p.state.successor(p.reg)
+	if q == nil {
+		return p, pool
+	}
+	if len(p.reg.static) > 0 && len(q.pool) > 0 {
+		pool = q.pool
+	}
+	return q.policy, pool
 }
 
 // waiter is one request waiting.
@@ -139,9 +165,10 @@ func full(c *decide.Candidate, u *upstreamState, now int64) bool {
 }
 
 // admit runs after gather, under state.deciding: it reports whether req must wait (every
-// candidate full, or requests of its group wait already: no overtaking). A request handed a
-// slot leaves out the full candidates (unless all are), so that it takes a free one.
-func (p *KVCacheAware) admit(g *gathered, pool reverseproxy.UpstreamPool, req *llmRequest) bool {
+// candidate full, or requests of its group wait already, or requests of another group that
+// may use one of its free candidates: no overtaking). A request handed a slot leaves out the
+// full candidates (unless all are), so that it takes a free one.
+func (p *KVCacheAware) admit(g *gathered, pool reverseproxy.UpstreamPool, r *http.Request, req *llmRequest) bool {
 	if p.opts.queueTimeout <= 0 && p.opts.flow == nil {
 		return false
 	}
@@ -162,11 +189,40 @@ func (p *KVCacheAware) admit(g *gathered, pool reverseproxy.UpstreamPool, req *l
 			key := groupKey(req.Model, pool)
 			wq.mu.Lock()
 			waiting := wq.q.LenModel(key) > 0
+			if !waiting {
+				// A request that may not wait (its band's queue_timeout 0) is not held
+				// back for the other groups: it would be shed while a slot is free.
+				_, _, _, timeout := p.flowOf(r)
+				waiting = timeout > 0 && wq.sharesFree(g, now)
+			}
 			wq.mu.Unlock()
 			return waiting
 		}
 	}
 	return true
+}
+
+// sharesFree reports whether a group with requests waiting (another model's, or another
+// pool's) may use one of g's free candidates: the arrival then waits too, and the dispatcher
+// orders them (bands, tenants, arrival), so that it does not take a freed slot ahead of them
+// (under mu).
+func (wq *waitQueue) sharesFree(g *gathered, now int64) bool {
+	for key, grp := range wq.groups {
+		if wq.q.LenModel(key) == 0 {
+			continue
+		}
+		_, pool := grp.live()
+		for i := range g.cands {
+			if full(&g.snap.Candidates[i], g.cands[i].st, now) {
+				continue
+			}
+			dial := g.cands[i].up.Dial
+			if slices.ContainsFunc(pool, func(up *reverseproxy.Upstream) bool { return up != nil && up.Dial == dial }) {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // leaveFull leaves out of g the full candidates, unless all are.
@@ -300,7 +356,7 @@ func (p *KVCacheAware) await(pool reverseproxy.UpstreamPool, r *http.Request, w 
 	switch {
 	case gone:
 		if granted {
-			p.unreserve(wt)
+			wq.unreserve(wt)
 		}
 		return false
 	case granted:
@@ -316,12 +372,12 @@ func (p *KVCacheAware) await(pool reverseproxy.UpstreamPool, r *http.Request, w 
 
 // unreserve gives back the slot a waiter was handed (it is decided now, or its client left).
 // It runs once per waiter handed a slot.
-func (p *KVCacheAware) unreserve(wt *waiter) {
+func (wq *waitQueue) unreserve(wt *waiter) {
 	if wt.reserved != nil {
 		wt.reserved.reserved.Add(-1)
 		wt.reserved = nil
 	}
-	p.state.wq.held.Add(-1)
+	wq.held.Add(-1)
 	capacityFreed()
 }
 
@@ -371,9 +427,20 @@ func (wq *waitQueue) dispatchLoop(s *state) {
 // dispatch hands each free slot to the request that goes first (under state.deciding and mu).
 func (wq *waitQueue) dispatch() {
 	now := time.Now().UnixNano()
-	var free *upstreamState
+	// Each group's free slot is looked up once per grant, not once per waiting flow (Next
+	// asks for every backlogged tenant's flows): the answers hold until a slot is reserved.
+	memo := wq.memo
+	if memo == nil {
+		memo = map[string]*upstreamState{}
+		wq.memo = memo
+	}
+	defer clear(memo)
 	ready := func(key string) bool {
-		free = wq.freeSlot(key, now)
+		free, ok := memo[key]
+		if !ok {
+			free = wq.freeSlot(key, now)
+			memo[key] = free
+		}
 		return free != nil
 	}
 	for wq.q.Len() > 0 {
@@ -381,9 +448,11 @@ func (wq *waitQueue) dispatch() {
 		if it == nil {
 			return
 		}
-		// ready's last answer may be another group's: the slot is looked up again (ready
-		// answered true for this group, and nothing moved since).
-		free = wq.freeSlot(it.Model, now)
+		free, ok := memo[it.Model] // ready answered true for this group, and nothing moved since
+		if !ok {
+			free = wq.freeSlot(it.Model, now)
+		}
+		clear(memo) // the reservation below may fill it
 		wt := it.Value.(*waiter)
 		if free != nil {
 			free.reserved.Add(1)
@@ -400,9 +469,9 @@ func (wq *waitQueue) freeSlot(key string, now int64) *upstreamState {
 	if grp == nil {
 		return nil
 	}
-	p := grp.p
+	p, pool := grp.live()
 	var buf [16]candidate
-	cands := p.candidates(buf[:0], grp.pool, grp.model, now)
+	cands := p.candidates(buf[:0], pool, grp.model, now)
 	var best *upstreamState
 	bestLoad := int64(math.MaxInt64)
 	for i := range cands {

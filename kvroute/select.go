@@ -91,25 +91,42 @@ func (p *KVCacheAware) selectUpstream(pool reverseproxy.UpstreamPool, r *http.Re
 	defer unlock() // a panic while deciding must not hold up every later decision
 
 	ok := p.gather(g, pool, r, req)
-	if ok && p.admit(g, pool, req) {
+	if ok && p.admit(g, pool, r, req) {
 		// Every candidate is full: wait for a slot (queue.go), then decide on the state of
 		// that moment.
 		unlock()
 		if !p.await(pool, r, w, req) {
 			return nil
 		}
+		if req.slot != nil {
+			// The slot it was handed is given back once its decision counts it (below), or
+			// when this returns: a panic on the way must not keep it reserved for good.
+			wq := p.state.wq
+			defer func() {
+				if req.slot != nil {
+					wq.unreserve(req.slot)
+					req.slot = nil
+				}
+			}()
+		}
+		// A reload while it waited: the live config decides it, over its pool (the slot
+		// it was handed may be on an upstream the reload added).
+		p, pool = liveFor(p, pool)
 		held.release()
 		held = p.matchText(treeName, req.Text)
 		*g = gathered{}
 		p.prepare(g, pool, req, held)
+		if hook := testHookRedecide.Load(); hook != nil {
+			(*hook)()
+		}
 		p.state.deciding.Lock()
 		locked = true
 		if req.slot != nil {
-			p.unreserve(req.slot)
+			p.state.wq.unreserve(req.slot)
 			req.slot = nil
 		}
 		ok = p.gather(g, pool, r, req)
-		ok = ok && !p.admit(g, pool, req)
+		ok = ok && !p.admit(g, pool, r, req)
 	}
 	if !ok {
 		unlock()
@@ -134,6 +151,10 @@ func saturatedAt(prof *energy.Profile, load int64) bool {
 // testHookDecide, when set (tests only), is called by every decision after the tree match and
 // before the choice: tests hold decisions there to make them run at once.
 var testHookDecide atomic.Pointer[func()]
+
+// testHookRedecide, when set (tests only), is called by the decision of a request that was
+// handed a slot, before the decisions' lock.
+var testHookRedecide atomic.Pointer[func()]
 
 // gathered is one decision's snapshot: the candidates as the state knows them and the same
 // candidates as the decision sees them, index for index, and the session step's lookup.

@@ -3,6 +3,7 @@ package kvroute
 import (
 	"fmt"
 	"math"
+	"slices"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -88,6 +89,10 @@ type registration struct {
 	resolvers   []string       // its reverse_proxy transport's DNS resolvers, if it names any
 	process     processOptions // as given; zero: left out
 	app         bool           // its config has the kvroute app, which starts it (app.go)
+	// policy and pool are the policy and its reverse_proxy's static upstreams: the queue
+	// judges the requests of a retired policy that still wait by the live one (queue.go).
+	policy *KVCacheAware
+	pool   reverseproxy.UpstreamPool
 	// retired is set when the policy is cleaned up (unregister). Caddy cleans up a replaced
 	// config without waiting for its requests: within the grace period they go on deciding
 	// (afterRetired).
@@ -452,6 +457,7 @@ func (s *state) register(r *registration) error {
 	s.publishStaticLocked()
 	s.dirty.Store(true)
 	s.mu.Unlock()
+	capacityFreed() // waiting requests are judged by the newest config
 	return nil
 }
 
@@ -481,6 +487,7 @@ func (s *state) unregister(r *registration) {
 	logger := s.logger
 	s.mu.Unlock()
 	s.resyncLater()
+	capacityFreed() // requests of r that wait are judged by the live config now
 	for _, a := range gone {
 		if chars, sessions := s.forgetUpstream(a); chars > 0 || sessions > 0 {
 			logger.Info("upstream left the config: dropped its prefixes and sessions",
@@ -551,6 +558,38 @@ func pendingCap(maxSessions int) int {
 }
 
 // newestLocked returns the most recently provisioned live policy, or nil.
+// successor returns the live policy that takes over the requests of the retired r: the newest
+// whose static upstreams share one with r's; nil when none does (r's requests then keep r and
+// its pool: another site's policy must not take them).
+func (s *state) successor(r *registration) *registration {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var best *registration
+	for q := range s.regs {
+		if q.policy == nil || q.retired.Load() || !provisioned(q.pool) {
+			continue
+		}
+		if !slices.ContainsFunc(q.static, func(a string) bool { return slices.Contains(r.static, a) }) {
+			continue
+		}
+		if best == nil || q.provisioned.After(best.provisioned) {
+			best = q
+		}
+	}
+	return best
+}
+
+// provisioned reports whether reverse_proxy provisioned every upstream of pool (a config
+// still being loaded has not yet).
+func provisioned(pool reverseproxy.UpstreamPool) bool {
+	for _, up := range pool {
+		if up == nil || up.Host == nil {
+			return false
+		}
+	}
+	return true
+}
+
 func (s *state) newestLocked() *registration {
 	var newest *registration
 	for q := range s.regs {
