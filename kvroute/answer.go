@@ -49,6 +49,7 @@ const (
 	fTimingsPromptMS // llama.cpp timings.prompt_ms
 	fOllamaPromptN   // Ollama prompt_eval_count (answer_ollama.go)
 	fOllamaPromptNS  // Ollama prompt_eval_duration, nanoseconds
+	fOutputTokens    // completion_tokens (chat, completions), output_tokens (Responses, Anthropic)
 	numUsageFields
 )
 
@@ -92,6 +93,8 @@ func usageFieldOf(path []byte) usageField {
 		return fCacheRead
 	case "cache_creation_input_tokens":
 		return fCacheCreation
+	case "completion_tokens", "output_tokens":
+		return fOutputTokens
 	}
 	return fNone
 }
@@ -602,6 +605,9 @@ type usage struct {
 	computed    float64 // llama.cpp timings.prompt_n: the tokens it prefilled
 	lies        bool    // a usage object that cannot be true was seen (and ignored)
 	respID      string  // the answer's Responses id; "" when none
+	// output is the answer's output tokens (completion_tokens, output_tokens) when outputKnown.
+	output      float64
+	outputKnown bool
 }
 
 // answerObserver reads one answer as it passes. It is driven by the ResponseWriter wrapper
@@ -936,6 +942,9 @@ func usageOf(n *[numUsageFields]float64, h *[numUsageFields]bool) (usage, bool) 
 	}
 	if h[fTimingsPromptN] && h[fTimingsPromptMS] {
 		u.computed, u.prefillMS = n[fTimingsPromptN], n[fTimingsPromptMS]
+	}
+	if h[fOutputTokens] && n[fOutputTokens] >= 0 && n[fOutputTokens] <= maxUsageTokens {
+		u.output, u.outputKnown = n[fOutputTokens], true
 	}
 	return u, true
 }

@@ -66,7 +66,7 @@ func TestAnswerObserverOllama(t *testing.T) {
 						firsts++
 					}
 				}
-				if got := o.finish(); got != tc.want {
+				if got := o.finish().sansOutput(); got != tc.want {
 					t.Fatalf("split at %d: got %+v, want %+v", at, got, tc.want)
 				}
 				if wantFirsts := map[bool]int{true: 1, false: 0}[tc.wantContent]; firsts != wantFirsts {

@@ -106,7 +106,7 @@ func TestAnswerObserver(t *testing.T) {
 					}
 				}
 				got := o.finish()
-				if got != tc.want {
+				if got := got.sansOutput(); got != tc.want {
 					t.Fatalf("split at %d: got %+v, want %+v", at, got, tc.want)
 				}
 				if wantFirsts := map[bool]int{true: 1, false: 0}[tc.wantContent]; firsts != wantFirsts {
@@ -128,7 +128,7 @@ func TestAnswerObserverBounds(t *testing.T) {
 		o.write([]byte(huge[i:min(len(huge), i+32<<10)]))
 	}
 	o.write([]byte(final))
-	if got := o.finish(); got != (usage{ok: true, prompt: 7, cached: 3, cachedKnown: true}) || o.gaveUps != 1 {
+	if got := o.finish().sansOutput(); got != (usage{ok: true, prompt: 7, cached: 3, cachedKnown: true}) || o.gaveUps != 1 {
 		t.Fatalf("got %+v with %d given up, want the final usage and 1 given up", got, o.gaveUps)
 	}
 
@@ -199,7 +199,7 @@ func TestAnswerUsageMergedByField(t *testing.T) {
 				o.begin(answerSSE, false)
 				o.write([]byte(tc.body[:at]))
 				o.write([]byte(tc.body[at:]))
-				if got := o.finish(); got != tc.want {
+				if got := o.finish().sansOutput(); got != tc.want {
 					t.Fatalf("split at %d: got %+v, want %+v", at, got, tc.want)
 				}
 			}
@@ -222,7 +222,7 @@ func TestAnswerDoneSplit(t *testing.T) {
 			o.begin(answerSSE, false)
 			o.write([]byte(body[:at]))
 			o.write([]byte(body[at:]))
-			if got := o.finish(); got != (usage{ok: true, prompt: 64, cached: 48, cachedKnown: true}) || o.gaveUps != 0 {
+			if got := o.finish().sansOutput(); got != (usage{ok: true, prompt: 64, cached: 48, cachedKnown: true}) || o.gaveUps != 0 {
 				t.Fatalf("split at %d (%q | %q): got %+v with %d given up, want the usage and none given up", at, body[max(0, at-8):at], body[at:min(len(body), at+8)], got, o.gaveUps)
 			}
 		}
@@ -235,6 +235,47 @@ func TestAnswerDoneSplit(t *testing.T) {
 		o.finish()
 		if want := map[bool]int{true: 0, false: 1}[strings.HasPrefix(data, "[DONE]")]; o.gaveUps != want {
 			t.Errorf("data %q: %d given up, want %d", data, o.gaveUps, want)
+		}
+	}
+}
+
+// sansOutput is u without its output tokens: the tables above are about the prompt's.
+func (u usage) sansOutput() usage {
+	u.output, u.outputKnown = 0, false
+	return u
+}
+
+// An answer's output tokens (flow_control's tokens served): OpenAI's completion_tokens, the
+// Responses API's and Anthropic's output_tokens (Anthropic's final message_delta counts them
+// all); none when the usage leaves them out.
+func TestAnswerOutputTokens(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		kind answerKind
+		body string
+		want float64 // -1: not known
+	}{
+		{"chat JSON", answerJSON, `{"choices":[],"usage":{"prompt_tokens":20,"completion_tokens":7,"total_tokens":27}}`, 7},
+		{"chat JSON without completion_tokens", answerJSON, `{"choices":[],"usage":{"prompt_tokens":20}}`, -1},
+		{"responses JSON", answerJSON, `{"object":"response","usage":{"input_tokens":20,"output_tokens":9}}`, 9},
+		{"chat stream, final usage", answerSSE, "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":20,\"completion_tokens\":1}}\n\ndata: {\"choices\":[],\"usage\":{\"prompt_tokens\":20,\"completion_tokens\":12}}\n\ndata: [DONE]\n\n", 12},
+		{"anthropic stream", answerSSE, "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"usage\":{\"input_tokens\":20,\"cache_read_input_tokens\":0,\"output_tokens\":1}}}\n\n" +
+			"event: message_delta\ndata: {\"type\":\"message_delta\",\"usage\":{\"output_tokens\":15}}\n\n", 15},
+	} {
+		var o answerObserver
+		o.begin(tc.kind, false)
+		o.write([]byte(tc.body))
+		u := o.finish()
+		if !u.ok {
+			t.Errorf("%s: no usage read", tc.name)
+			continue
+		}
+		if tc.want < 0 {
+			if u.outputKnown {
+				t.Errorf("%s: output %v known, want unknown", tc.name, u.output)
+			}
+		} else if !u.outputKnown || u.output != tc.want {
+			t.Errorf("%s: output %v (known %v), want %v", tc.name, u.output, u.outputKnown, tc.want)
 		}
 	}
 }

@@ -56,6 +56,20 @@ import (
 //			continuous_batching
 //			paged_kv
 //		}
+//		queue_timeout 10s               # wait at the router while every upstream is full; 0: never
+//		flow_control {                  # off unless given: who waits first (flowcontrol.go)
+//			tenant   {http.request.header.X-Tenant}
+//			priority {http.request.header.X-Priority}
+//			band interactive {
+//				queue_timeout 10s
+//			}
+//			band batch {
+//				queue_timeout 5m
+//			}
+//			max_queued            10000
+//			max_queued_per_tenant 1000
+//			output_weight         2
+//		}
 //	}
 func (p *KVCacheAware) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // consume policy name
@@ -171,6 +185,13 @@ func (p *KVCacheAware) unmarshalOption(d *caddyfile.Dispenser, opt string) error
 		err = p.unmarshalTelemetry(d)
 	case "cluster":
 		p.Cluster, err = parseCluster(d)
+	case "queue_timeout":
+		var v time.Duration
+		v, err = kvcf.DurationArg(d)
+		cd := caddy.Duration(v)
+		p.QueueTimeout = &cd
+	case "flow_control":
+		p.FlowControl, err = parseFlowControl(d)
 	case "upstream":
 		addr, prof, perr := kvcf.ParseUpstream(d)
 		if perr != nil {

@@ -34,6 +34,11 @@ func (p *KVCacheAware) explain(w http.ResponseWriter, req *llmRequest, c *candid
 	v = strconv.AppendInt(v, c.cost.queued, 10)
 	v = append(v, "; predicted_ttft_ms="...)
 	v = strconv.AppendFloat(v, finite(c.cost.ttft)*1e3, 'f', 1, 64)
+	if req.queued != notQueued {
+		// It waited at the router for a slot (queue.go).
+		v = append(v, "; queued_ms="...)
+		v = strconv.AppendFloat(v, float64(req.waited)/1e6, 'f', 1, 64)
+	}
 	w.Header().Set(p.opts.explainHeader, string(v))
 }
 

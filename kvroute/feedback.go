@@ -90,7 +90,15 @@ func (f *Feedback) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyh
 	fw := &feedbackWriter{ResponseWriterWrapper: caddyhttp.ResponseWriterWrapper{ResponseWriter: w}, r: r}
 	caddyhttp.SetVar(r.Context(), varFeedback, fw)
 	defer fw.finish()
-	return next.ServeHTTP(fw, r)
+	err := next.ServeHTTP(fw, r)
+	if err != nil {
+		if lr, ok := caddyhttp.GetVar(r.Context(), varRequest).(*llmRequest); ok && lr != nil && lr.shed.Load() {
+			// The policy answered 429 (the queue shed it: queue.go); Caddy's "no upstreams
+			// available" behind it is no error to log or answer.
+			return nil
+		}
+	}
+	return err
 }
 
 // feedbackWriter passes every byte on as it comes and shows a copy to the observer. Flush,
@@ -425,6 +433,7 @@ func (s *state) credit(r *http.Request, lr *llmRequest, a *attempt, u usage, gav
 	if !u.ok {
 		return
 	}
+	s.settleTokens(lr, u)
 	fb.withUsage.Add(1)
 	if p.leg != legDecode {
 		s.learnAnswer(a.u, coldPrefill(p, u, firstAt.Sub(p.start), !firstAt.IsZero()), firstAt.Sub(p.start), !firstAt.IsZero())

@@ -124,6 +124,10 @@ var policySeeds = []string{
 	"kv_cache_aware {\n\tmax_sessions 1\n\tmax_sessions 2\n}",
 	"kv_cache_aware {\n\tcache_threshold {\n\t}\n}",
 	"kv_cache_aware {\n\t}\n}\n}",
+	"kv_cache_aware {\n\tqueue_timeout 10s\n\tflow_control {\n\t\ttenant {http.auth.user.id}\n\t\tpriority {http.request.header.X-Priority}\n\t\tband interactive {\n\t\t\tqueue_timeout 10s\n\t\t}\n\t\tband batch {\n\t\t\tqueue_timeout 5m\n\t\t}\n\t\tmax_queued 10000\n\t\tmax_queued_per_tenant 1000\n\t\toutput_weight 2\n\t}\n}",
+	"kv_cache_aware {\n\tflow_control {\n\t\tband\n\t\tband a b\n\t}\n}",
+	"kv_cache_aware {\n\tflow_control x {\n\t\tmax_queued 0\n\t}\n\tqueue_timeout -1s\n}",
+	"kv_cache_aware {\n\tflow_control {\n\t\tband a {\n\t\t\tqueue_timeout\n\t\t\tother 1\n\t\t}\n\t}\n}",
 }
 
 // FuzzPolicyCaddyfile: (*KVCacheAware).UnmarshalCaddyfile never panics on any token stream; an

@@ -331,7 +331,7 @@ func (s *state) learnFrom(u *upstreamState, cur *telemetry.Snapshot) {
 		f.DecodeTokensPerSecond, f.DecodeLearned = v, true
 	}
 	at := cur.Reading.At.UnixNano()
-	l.slots.observe(&cur.Reading, at)
+	l.slots.observe(&cur.Reading, at, s.wq.holding())
 	f.Slots, f.MeanOutputTokens = l.slots.figures(at)
 	if p := l.peer.Load(); p != nil && !f.PrefillLearned && !f.DecodeLearned && time.Since(p.At) < peerLearnedLifetime {
 		// A replica that adopts the owner's readings gets no totals, so learns nothing.
@@ -347,6 +347,7 @@ func (s *state) learnFrom(u *upstreamState, cur *telemetry.Snapshot) {
 	}
 	f.Restarts, f.Anomalies = l.restarts.Load(), l.anomalies.Load()
 	l.figures.Store(&f)
+	capacityFreed() // the engine's load or slots moved: a waiting request may go
 }
 
 // Outside traffic, from the engine's own counts (outsideTraffic).

@@ -20,6 +20,11 @@ type kvMetrics struct {
 	joulesSaved   prometheus.Counter
 	decisionsVec  *prometheus.CounterVec
 	gauges        stateCollector
+	// The router-side queue (queue.go): requests waiting and how long they waited per band,
+	// requests shed per band and reason.
+	queueRequests *prometheus.GaugeVec
+	queueSeconds  *prometheus.HistogramVec
+	shed          *prometheus.CounterVec
 	cluster       clusterCollector
 }
 
@@ -45,6 +50,19 @@ func newMetrics() *kvMetrics {
 			Help: "Estimated prefill energy avoided by cache hits on annotated upstreams, in joules.",
 		}),
 	}
+	m.queueRequests = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Namespace: ns, Subsystem: sub, Name: "queue_requests",
+		Help: "Requests waiting at the router for a batch slot, per flow_control band (default: without bands).",
+	}, []string{"band"})
+	m.queueSeconds = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Namespace: ns, Subsystem: sub, Name: "queue_seconds",
+		Help:    "How long requests waited at the router for a batch slot, per band (requests that waited only).",
+		Buckets: []float64{0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300},
+	}, []string{"band"})
+	m.shed = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: ns, Subsystem: sub, Name: "shed_total",
+		Help: "Requests answered 429 by flow_control, per band and reason: timeout, queue_full, tenant_full.",
+	}, []string{"band", "reason"})
 	for i, name := range pathNames {
 		m.decisions[i] = m.decisionsVec.WithLabelValues(name)
 	}
@@ -58,6 +76,7 @@ func registerMetrics(reg *prometheus.Registry) {
 	}
 	for _, c := range []prometheus.Collector{
 		metrics.decisionsVec, metrics.matchRatio, metrics.tokensAvoided, metrics.joulesSaved,
+		metrics.queueRequests, metrics.queueSeconds, metrics.shed, &tenantCollector{},
 		&metrics.gauges, &metrics.cluster, &learnCollector{}, &feedbackCollector{}, &fleetCollector{},
 	} {
 		if err := reg.Register(c); err != nil {

@@ -76,6 +76,9 @@ type settings struct {
 	cluster          *cluster.Config // nil: no cluster; the secret resolved like the cookie's
 	clusterSecretSet bool
 	telemetryErr     error // telemetry's auth_header did not resolve
+	queueTimeout     time.Duration
+	flow             *flowSettings // nil: no flow_control
+	flowGiven        *FlowControl
 }
 
 // settings resolves p's options. With resolve, placeholders in the cookie secret are replaced
@@ -99,7 +102,10 @@ func (p *KVCacheAware) settings(resolve bool) settings {
 		ttftSlack:        valueOr(p.TTFTSlack, DefaultTTFTSlack),
 		explainHeader:    p.ExplainHeader,
 		telemetry:        p.Telemetry.settings(),
+		queueTimeout:     time.Duration(valueOr(p.QueueTimeout, caddy.Duration(DefaultQueueTimeout))),
+		flowGiven:        p.FlowControl,
 	}
+	s.flow = p.FlowControl.settings(s.queueTimeout)
 	if c := p.SessionCookie; c != nil {
 		s.cookie = &SessionCookie{Name: or(c.Name, DefaultCookieName), Secret: c.Secret}
 		s.cookieSecretSet = c.Secret != ""
@@ -249,6 +255,13 @@ var optionChecks = []struct {
 		return checkTelemetry(s.telemetry)
 	}},
 	{"cluster", func(s *settings) error { return checkCluster(s.cluster, s.clusterSecretSet) }},
+	{"queue_timeout", func(s *settings) error {
+		if s.queueTimeout < 0 {
+			return fmt.Errorf("must be >= 0 (0: never wait), got %v", s.queueTimeout)
+		}
+		return nil
+	}},
+	{"flow_control", func(s *settings) error { return checkFlow(s.flowGiven) }},
 }
 
 // check runs the check of the option named name.

@@ -35,6 +35,7 @@ func TestOptionChecksShared(t *testing.T) {
 		{"ttft_slack -0.1", `{"ttft_slack": -0.1}`, "ttft_slack: must be a fraction between 0 and 100"},
 		{"ttft_slack 1000", `{"ttft_slack": 1000}`, "ttft_slack: must be a fraction between 0 and 100"},
 		{"explain_header \"X Why\"", `{"explain_header": "X Why"}`, "explain_header: \"X Why\" is not a valid HTTP header name"},
+		{"queue_timeout -1s", `{"queue_timeout": "-1s"}`, "queue_timeout: must be >= 0"},
 	} {
 		d := caddyfile.NewTestDispenser("kv_cache_aware {\n" + tt.caddyfile + "\n}")
 		err := new(KVCacheAware).UnmarshalCaddyfile(d)
@@ -175,5 +176,43 @@ localhost:%[4]d {
 	load(t, twoServers("max_sessions 500", ""))
 	if s := currentState(); s == nil || s.sessions.max.Load() != 500 {
 		t.Errorf("max_sessions in force: want the config's 500")
+	}
+}
+
+// flow_control's errors name the option, the sub-option and the line it is on (Caddyfile),
+// and the same check refuses the JSON form at provision.
+func TestFlowControlChecks(t *testing.T) {
+	for _, tt := range []struct {
+		caddyfile string
+		line      int
+		json      string
+		want      string
+	}{
+		{"flow_control {\nmax_queued 0\n}", 3, `{"flow_control": {"max_queued": -1}}`, "max_queued: must be positive"},
+		{"flow_control {\nmax_queued_per_tenant -2\n}", 3, `{"flow_control": {"max_queued_per_tenant": -2}}`, "max_queued_per_tenant: must be positive"},
+		{"flow_control {\noutput_weight -1\n}", 3, `{"flow_control": {"output_weight": -1}}`, "output_weight: must be a finite number >= 0"},
+		{"flow_control {\nband a {\nqueue_timeout 1s\n}\nband a\n}", 6, `{"flow_control": {"bands": [{"name": "a"}, {"name": "a"}]}}`, "band a: given twice"},
+		{"flow_control {\nband b {\nqueue_timeout -1s\n}\n}", 5, `{"flow_control": {"bands": [{"name": "b", "queue_timeout": "-1s"}]}}`, "band b: queue_timeout: must be >= 0"},
+		{"flow_control {\ntenant {http.request.header.X\n}", 3, `{"flow_control": {"tenant": "{http.request.header.X"}}`, "tenant: unbalanced braces"},
+	} {
+		d := caddyfile.NewTestDispenser("kv_cache_aware {\n" + tt.caddyfile + "\n}")
+		err := new(KVCacheAware).UnmarshalCaddyfile(d)
+		at := fmt.Sprintf("Testfile:%d", tt.line)
+		if err == nil || !strings.Contains(err.Error(), "flow_control: "+tt.want) || !strings.Contains(err.Error(), at) {
+			t.Errorf("Caddyfile %q: got %v, want %q at %s", tt.caddyfile, err, "flow_control: "+tt.want, at)
+		}
+		var p KVCacheAware
+		if err := json.Unmarshal([]byte(tt.json), &p); err != nil {
+			t.Fatalf("%s: %v", tt.json, err)
+		}
+		if err := p.Validate(); err == nil || !strings.HasPrefix(err.Error(), "flow_control: "+tt.want) {
+			t.Errorf("JSON %s: Validate() = %v, want %q", tt.json, err, "flow_control: "+tt.want)
+		}
+	}
+	for _, ok := range []string{"flow_control", "flow_control {\n}", "flow_control {\ntenant {http.auth.user.id}\npriority {http.request.header.X-Priority}\nband interactive {\nqueue_timeout 10s\n}\nband batch {\nqueue_timeout 5m\n}\nmax_queued 10000\nmax_queued_per_tenant 1000\noutput_weight 2\n}\nqueue_timeout 0"} {
+		d := caddyfile.NewTestDispenser("kv_cache_aware {\n" + ok + "\n}")
+		if err := new(KVCacheAware).UnmarshalCaddyfile(d); err != nil {
+			t.Errorf("Caddyfile %q: %v", ok, err)
+		}
 	}
 }

@@ -83,6 +83,13 @@ type KVCacheAware struct {
 	Upstreams map[string]energy.Profile `json:"upstreams,omitempty"`
 	// Replicas sharing what they learn over NATS; off unless set. Process-wide.
 	Cluster *ClusterConfig `json:"cluster,omitempty"`
+	// How long a request may wait at the router while every upstream that could serve it is
+	// full (its batch slots busy: learned from its engine, else max_concurrency; an upstream
+	// with neither is never full). 0: never wait. Default: 10s. Past it, a request goes on
+	// as if it had not waited (without flow_control) or is shed with 429 (with it).
+	QueueTimeout *caddy.Duration `json:"queue_timeout,omitempty"`
+	// Who waits first when the fleet is full: bands, tenants' fair shares; off unless set.
+	FlowControl *FlowControl `json:"flow_control,omitempty"`
 
 	opts     settings
 	core     decide.Options // the decision's options (kvroute/decide)

@@ -24,6 +24,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
 
@@ -526,7 +527,10 @@ func runReplay(t *testing.T) string {
 	var out strings.Builder
 	for _, sc := range replayScenes {
 		t.Run(strings.ReplaceAll(sc.name, "/", "-"), func(t *testing.T) {
-			p := &KVCacheAware{Upstreams: sc.ups, ExplainHeader: "X-Why"}
+			// queue_timeout 0: the record is of decisions; a request that finds every upstream
+			// saturated is decided at once (the queue is queue_test.go's).
+			noWait := caddy.Duration(0)
+			p := &KVCacheAware{Upstreams: sc.ups, ExplainHeader: "X-Why", QueueTimeout: &noWait}
 			if sc.opts != nil {
 				sc.opts(p)
 			}

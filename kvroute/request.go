@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"strconv"
 	"sync/atomic"
+	"time"
 	"unicode/utf8"
 
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
@@ -59,6 +60,17 @@ type llmRequest struct {
 	// no session yet): retries reuse it. cookieSet: the first attempt set it.
 	cookieID  string
 	cookieSet bool
+
+	// The router-side queue (queue.go): queued tells whether it waited and how it left, slot
+	// the slot it was handed (given back when it is decided), waited how long it waited; shed:
+	// it was answered 429 (a retry of it is never queued again).
+	queued uint8
+	slot   *waiter
+	waited time.Duration
+	shed   atomic.Bool
+	// Its tenant's tokens served (flow_control): charged at dispatch, corrected by its usage.
+	tenant                       string
+	weight, outEstimate, charged float64
 }
 
 // requestFor returns the request's extracted LLM request, reading at most maxBody bytes of the
@@ -253,6 +265,7 @@ func (lr *llmRequest) untrack() {
 			u.learn.sent.partialIn(-1)
 		}
 		loadChanged()
+		capacityFreed()
 	}
 }
 

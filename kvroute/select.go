@@ -60,11 +60,14 @@ func (p *KVCacheAware) selectUpstream(pool reverseproxy.UpstreamPool, r *http.Re
 	p.state.ready(p.reg)
 	req := attemptFor(r, DefaultMaxBody)
 	defer req.placed()
+	if req.shed.Load() {
+		return nil // answered 429 (queue.go): a retry of it does not queue again
+	}
 	p.state.noteRetry(r, req)
 	// The tree match, the slow part, runs before the decisions' lock.
 	treeName := p.treeName(req.Model)
 	held := p.matchText(treeName, req.Text)
-	defer held.release()
+	defer func() { held.release() }()
 	if hook := testHookDecide.Load(); hook != nil {
 		(*hook)()
 	}
@@ -80,7 +83,27 @@ func (p *KVCacheAware) selectUpstream(pool reverseproxy.UpstreamPool, r *http.Re
 
 	g := gatheredPool.Get().(*gathered)
 	defer g.release()
-	if !p.gather(g, pool, r, req, held) {
+	ok := p.gather(g, pool, r, req, held)
+	if ok && p.admit(g, pool, req) {
+		// Every candidate is full: wait for a slot (queue.go), then decide on the state of
+		// that moment.
+		unlock()
+		if !p.await(pool, r, w, req) {
+			return nil
+		}
+		held.release()
+		held = p.matchText(treeName, req.Text)
+		p.state.deciding.Lock()
+		locked = true
+		if req.slot != nil {
+			p.unreserve(req.slot)
+			req.slot = nil
+		}
+		*g = gathered{}
+		ok = p.gather(g, pool, r, req, held)
+		ok = ok && !p.admit(g, pool, req)
+	}
+	if !ok {
 		unlock()
 		req.untrack()
 		p.count(nil, req, pathNoCandidate)
@@ -88,6 +111,7 @@ func (p *KVCacheAware) selectUpstream(pool reverseproxy.UpstreamPool, r *http.Re
 	}
 	res := decide.Decide(&p.core, &g.snap)
 	c := p.recordChoice(g, r, req, res)
+	p.charge(r, req, g, res.Chosen)
 	unlock()
 	p.explain(w, req, c, int(res.Path))
 	return p.commit(r, w, req, c, treeName, g.sess, int(res.Path))

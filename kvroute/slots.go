@@ -49,11 +49,22 @@ const (
 type slotLearn struct{ est decide.Slots }
 
 // observe takes in one reading's gauges at now: a reading without both gauges is no sample.
-func (s *slotLearn) observe(r *telemetry.Reading, now int64) {
+// While the router holds requests back (held: its queue, queue.go), the engine's queue has
+// moved to the router: an engine running its learned figure is full, and its reading is a
+// sample as one with requests waiting would be. Without this the figure would lapse
+// (slotSampleLife) while the router keeps the engines from queueing, the router would stop
+// holding requests back, and the engines would queue until it was learned again.
+func (s *slotLearn) observe(r *telemetry.Reading, now int64, held bool) {
 	if !r.Known.Has(telemetry.HasRunning | telemetry.HasWaiting) {
 		return
 	}
-	s.est.ObserveGauges(r.Running, r.Waiting, now)
+	waiting := r.Waiting
+	if held && waiting <= 0 {
+		if cur, _ := s.est.Figures(now); cur > 0 && r.Running >= cur {
+			waiting = 1
+		}
+	}
+	s.est.ObserveGauges(r.Running, waiting, now)
 }
 
 // observeOutput takes in one interval's generation tokens and the requests the engine started

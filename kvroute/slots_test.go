@@ -443,7 +443,7 @@ func TestSlotLearnMedian(t *testing.T) {
 	var s slotLearn
 	now := int64(1e18)
 	read := func(running, waiting int64) {
-		s.observe(&telemetry.Reading{Figures: telemetry.Figures{Running: running, Waiting: waiting, Known: telemetry.HasRunning | telemetry.HasWaiting}}, now)
+		s.observe(&telemetry.Reading{Figures: telemetry.Figures{Running: running, Waiting: waiting, Known: telemetry.HasRunning | telemetry.HasWaiting}}, now, false)
 	}
 	read(2, 1)
 	read(2, 3)
@@ -476,7 +476,7 @@ func TestSlotLearnTooLowRecovers(t *testing.T) {
 	var s slotLearn
 	now := int64(1e18)
 	read := func(running, waiting int64) {
-		s.observe(&telemetry.Reading{Figures: telemetry.Figures{Running: running, Waiting: waiting, Known: telemetry.HasRunning | telemetry.HasWaiting}}, now)
+		s.observe(&telemetry.Reading{Figures: telemetry.Figures{Running: running, Waiting: waiting, Known: telemetry.HasRunning | telemetry.HasWaiting}}, now, false)
 	}
 	for range minSlotSamples {
 		read(2, 1)
@@ -499,7 +499,7 @@ func TestSlotLearnSamplesAge(t *testing.T) {
 	var s slotLearn
 	now := int64(1e18)
 	for range minSlotSamples {
-		s.observe(&telemetry.Reading{Figures: telemetry.Figures{Running: 4, Waiting: 1, Known: telemetry.HasRunning | telemetry.HasWaiting}}, now)
+		s.observe(&telemetry.Reading{Figures: telemetry.Figures{Running: 4, Waiting: 1, Known: telemetry.HasRunning | telemetry.HasWaiting}}, now, false)
 	}
 	if n, _ := s.figures(now + int64(slotSampleLife)); n != 4 {
 		t.Errorf("at the end of the samples' life: %d slots, want 4", n)
@@ -535,5 +535,31 @@ func TestSlotWaitNeedsAFreshReading(t *testing.T) {
 	}
 	if w := p.slotWait(&c, now); w != 0 {
 		t.Errorf("slots forgotten: wait %v, want 0", w)
+	}
+}
+
+// TestSlotLearnKeptWhileHeld: while the router holds requests back (its queue), the engines
+// run at their figure with no queue of their own; those readings keep the figure standing
+// past slotSampleLife (else the router would stop holding requests back and the engines would
+// queue until it was learned again). Readings below the figure are no sample, held or not.
+func TestSlotLearnKeptWhileHeld(t *testing.T) {
+	for _, held := range []bool{false, true} {
+		var s slotLearn
+		now := int64(1e18)
+		read := func(running, waiting int64) {
+			s.observe(&telemetry.Reading{Figures: telemetry.Figures{Running: running, Waiting: waiting, Known: telemetry.HasRunning | telemetry.HasWaiting}}, now, held)
+		}
+		for range minSlotSamples {
+			read(4, 1)
+		}
+		for range 3 * slotWindow {
+			now += int64(slotSampleLife) / 4
+			read(4, 0) // at the figure, no queue: the router holds the rest (or nothing waits)
+			read(3, 0) // below it: never a sample
+		}
+		n, _ := s.figures(now)
+		if want := map[bool]int64{false: 0, true: 4}[held]; n != want {
+			t.Errorf("held=%v: %d slots after %v of readings at the figure, want %d", held, n, time.Duration(3*slotWindow*slotSampleLife/4), want)
+		}
 	}
 }

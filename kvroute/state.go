@@ -43,8 +43,10 @@ const maxTrees = 1024
 
 // upstreamState is what the router knows of one upstream, keyed by its dial address.
 type upstreamState struct {
-	addr         string
-	inFlight     atomic.Int64 // requests this router sent and that have not finished
+	addr     string
+	inFlight atomic.Int64 // requests this router sent and that have not finished
+	// reserved counts the slots the queue handed to requests not decided yet (queue.go).
+	reserved     atomic.Int64
 	queuedTokens atomic.Int64 // their estimated prompt tokens
 	// prefillTokens: the uncached tokens of those that have not produced a first token
 	// (prefill.go); prefillQ orders them for the deadline estimate; firstTokens: llm_feedback
@@ -224,6 +226,8 @@ type state struct {
 
 	recent decisionRing // the latest decisions' predicted costs (explain.go)
 
+	wq *waitQueue // the requests waiting for a slot (queue.go)
+
 	lastEviction atomic.Pointer[evictionRecord]
 	evictedChars atomic.Int64
 	evictions    atomic.Int64
@@ -253,6 +257,7 @@ func newState() *state {
 		resync:    make(chan struct{}, 1),
 		stop:      make(chan struct{}),
 		done:      make(chan struct{}),
+		wq:        newWaitQueue(),
 	}
 }
 
@@ -278,6 +283,7 @@ func (s *state) shrink() {
 func acquireState() (*state, error) {
 	v, _, err := states.LoadOrNew(stateKey, func() (caddy.Destructor, error) {
 		s := newState()
+		activeQueue.Store(s.wq)
 		go s.evictionLoop()
 		return s, nil
 	})
@@ -417,6 +423,8 @@ func (s *state) syncBackground() {
 // last policy lets go of the state.
 func (s *state) Destruct() error {
 	s.closeCluster()
+	s.wq.close()
+	activeQueue.CompareAndSwap(s.wq, nil)
 	close(s.stop)
 	<-s.done
 	s.stopTelemetry()

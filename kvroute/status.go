@@ -30,6 +30,9 @@ type Status struct {
 	// Disaggregation counts llm_disaggregate's requests by path (split, aggregated_short,
 	// aggregated_fallback, prefill_failed), since the process started; absent before any.
 	Disaggregation map[string]uint64 `json:"disaggregation,omitempty"`
+	// Queue is the requests waiting at the router for a slot and the tenants' tokens served
+	// (queue.go).
+	Queue *QueueStatus `json:"queue"`
 }
 
 // ModelStatus is one model's tree.
@@ -77,6 +80,7 @@ type UpstreamStatus struct {
 func (s *state) status() Status {
 	st := Status{Models: map[string]ModelStatus{}, Upstreams: map[string]UpstreamStatus{}}
 	st.Loaded = s.loaded()
+	st.Queue = s.queueStatus()
 	st.StoredChars = s.forest.Chars()
 	st.Sessions = s.sessions.len()
 	st.PendingSessions = s.pending.len()

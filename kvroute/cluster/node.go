@@ -95,6 +95,8 @@ type Node struct {
 	peerLoad  atomic.Pointer[map[string]int64]
 	// peerPrefill: the live peers' queued prefill tokens per upstream (prefill.go).
 	peerPrefill atomic.Pointer[map[string]int64]
+	// peerTokens: the live peers' tokens served per tenant (tokens.go).
+	peerTokens atomic.Pointer[map[string]int64]
 
 	own ownLog
 	// tombs: sessions an admin forgot, and the last reset, so that a late binding made before

@@ -43,6 +43,8 @@ type peer struct {
 	loadsAt   time.Time
 	prefill   map[string]int64 // queued prefill tokens (prefill.go)
 	prefillAt time.Time
+	served    map[string]int64 // tokens served per tenant (tokens.go)
+	servedAt  time.Time
 	// synced: this node holds the peer's history up to maxSeq, so a catch-up request asks only
 	// for what follows. True once the peer answered a catch-up request of this node, or sent
 	// its first one (it had just started, so all it publishes later arrives live) without
@@ -474,6 +476,13 @@ func (n *Node) apply(p *peer, kind byte, h header, r *record, now time.Time, sp 
 		}
 		p.prefill, p.prefillAt = tokens, now
 		n.rebuildLoads(now)
+	case recTokens:
+		tokens := make(map[string]int64, len(r.loads))
+		for _, l := range r.loads {
+			tokens[l.upstream] = l.n
+		}
+		p.served, p.servedAt = tokens, now
+		n.rebuildLoads(now)
 	case recSyncReq:
 		switch {
 		case r.lost:
@@ -608,7 +617,16 @@ func (n *Node) decodeText(r *record) (string, bool) {
 func (n *Node) rebuildLoads(now time.Time) {
 	sum := make(map[string]int64)
 	prefill := make(map[string]int64)
+	var tokens map[string]int64
 	for _, p := range n.peers {
+		if p.served != nil && now.Sub(p.servedAt) <= n.cfg.LoadTTL {
+			if tokens == nil {
+				tokens = make(map[string]int64)
+			}
+			for t, c := range p.served {
+				tokens[t] += c
+			}
+		}
 		if p.loads != nil && now.Sub(p.loadsAt) <= n.cfg.LoadTTL {
 			for u, c := range p.loads {
 				sum[u] += c
@@ -622,6 +640,7 @@ func (n *Node) rebuildLoads(now time.Time) {
 	}
 	n.peerLoad.Store(&sum)
 	n.peerPrefill.Store(&prefill)
+	n.peerTokens.Store(&tokens)
 }
 
 // lostConnection remembers, for every peer, what this node had heard when its connection

@@ -148,6 +148,7 @@ func (n *Node) flusher() {
 		tbuf     []byte
 		lastLoad map[string]int64
 		lastPref map[string]int64
+		lastTok  map[string]int64
 		loadAt   time.Time
 		loadDue  bool
 		syncDue  bool
@@ -159,7 +160,18 @@ func (n *Node) flusher() {
 		}
 	}
 	prefillSrc, _ := n.h.(PrefillSource)
+	tokensSrc, _ := n.h.(TokensSource)
 	addLoad := func(force bool) {
+		if tokensSrc != nil {
+			var rec []byte
+			if rec, lastTok = tokensRecord(tokensSrc.TokensServed(), lastTok, force); rec != nil {
+				// A message of its own (tokens.go), not logged for catch-up: it is resent
+				// every LoadInterval and ages out with the peer.
+				rp := n.newPacker(kindData, n.prefix+"data")
+				rp.add(rec)
+				rp.flush()
+			}
+		}
 		if prefillSrc != nil {
 			var rec []byte
 			if rec, lastPref = prefillRecord(prefillSrc.PrefillTokens(), lastPref, force); rec != nil {

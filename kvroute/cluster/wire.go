@@ -510,7 +510,7 @@ func decodeRecords(plain []byte, version byte, maxText int, fn func(*record)) er
 		case recForget:
 			rec.sessionKey = r.str()
 		case recReset:
-		case recLoad, recPrefill:
+		case recLoad, recPrefill, recTokens:
 			n := r.uvarint()
 			if r.err == nil && n > maxUpstreams {
 				r.fail(fmt.Errorf("%d upstreams in a load record: %w", n, errMalformed))

@@ -1,0 +1,679 @@
+package kvroute
+
+import (
+	"encoding/json"
+	"math"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvroute/caddy-kvroute/kvroute/cluster"
+	"github.com/kvroute/caddy-kvroute/kvroute/decide"
+	"github.com/kvroute/caddy-kvroute/kvroute/flow"
+	"github.com/kvroute/caddy-kvroute/kvroute/llmreq"
+)
+
+// When the fleet is full (docs/design.md "When the fleet is full"): a request whose every
+// candidate's batch slots are busy waits at the router, in the process's one queue
+// (kvroute/flow, kept in the shared state so that it survives reloads), until a slot frees;
+// it is then decided against the state of that moment. The queue's dispatcher hands each
+// freed slot to the request that goes first (flow.Queue.Next) and reserves it (the upstream's
+// reserved count) until that request's decision counts it, so that no new arrival takes it.
+//
+// Lock order: state.deciding, then waitQueue.mu. A waiter never holds either while it waits.
+
+// maxBands bounds flow_control's bands: the process's queue has this many, whatever each
+// policy names.
+const maxBands = 16
+
+// queuePoll is how often the dispatcher looks again while requests wait, beside the wake-ups
+// (a request's end, a new reading, a reload): loads that age out (an engine's external load,
+// a peer's count) free slots without telling it.
+const queuePoll = 100 * time.Millisecond
+
+// retryAfter is the Retry-After of a shed request, in seconds: slots free in seconds in a
+// busy fleet, and clients back off on their own beyond it.
+const retryAfter = "1"
+
+// Queue states of a request (llmRequest.queued).
+const (
+	notQueued  uint8 = iota
+	dispatched       // it waited and was handed a slot
+	overdue          // it waited past queue_timeout without flow_control: it goes on as today
+)
+
+// waitQueue is the process's router-side queue.
+type waitQueue struct {
+	mu     sync.Mutex
+	q      *flow.Queue
+	groups map[string]*waitGroup // per flow.Item.Model: a model's waiting requests in one pool
+	// held counts the requests waiting or handed a slot and not yet decided (read without mu
+	// on every decision: 0 means no group can have waiters).
+	held atomic.Int64
+	// own is the tokens served per tenant by this replica's requests, all its life (published
+	// to the cluster's peers); peers what the peers' records added to the queue's counters
+	// so far (under mu).
+	own     map[string]float64
+	peers   map[string]int64
+	running bool          // the dispatcher goroutine runs (under mu)
+	kick    chan struct{} // wakes the dispatcher
+	stop    chan struct{} // closed when the state goes
+	stopped bool
+}
+
+// waitGroup is what the dispatcher needs to tell whether one group's requests can go: the
+// pool and the policy of the latest request that joined it.
+type waitGroup struct {
+	model string
+	pool  reverseproxy.UpstreamPool
+	p     *KVCacheAware
+}
+
+// waiter is one request waiting.
+type waiter struct {
+	item     flow.Item
+	ready    chan struct{} // closed when it is handed a slot
+	granted  bool          // under waitQueue.mu
+	reserved *upstreamState
+	band     string
+}
+
+func newWaitQueue() *waitQueue {
+	return &waitQueue{
+		q:      flow.New(flow.Config{Bands: maxBands}),
+		groups: map[string]*waitGroup{},
+		own:    map[string]float64{},
+		peers:  map[string]int64{},
+		kick:   make(chan struct{}, 1),
+		stop:   make(chan struct{}),
+	}
+}
+
+// activeQueue is the process state's queue: a request's end (llmRequest.untrack) knows only
+// its upstream, and wakes the dispatcher through it.
+var activeQueue atomic.Pointer[waitQueue]
+
+// capacityFreed wakes the dispatcher when requests wait: a request ended, a reading moved, a
+// config was loaded. One atomic load when nothing waits.
+func capacityFreed() {
+	if wq := activeQueue.Load(); wq != nil && wq.held.Load() > 0 {
+		select {
+		case wq.kick <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// holding reports whether the router holds requests back (the slots learned from the engines
+// are kept meanwhile: slots.go).
+func (wq *waitQueue) holding() bool { return wq != nil && wq.held.Load() > 0 }
+
+// capacity returns c's batch slots: learned from a fresh reading of its engine, else its
+// max_concurrency; 0 when neither is known (it is never full).
+func capacity(c *decide.Candidate, now int64) int64 {
+	if c.Slots > 0 && c.ReadingUntil > 0 && now <= c.ReadingUntil {
+		return c.Slots
+	}
+	if c.Profile != nil && c.Profile.MaxConcurrency > 0 {
+		return int64(c.Profile.MaxConcurrency)
+	}
+	return 0
+}
+
+// full reports whether candidate c (the state's view u) has no free slot: its load and the
+// slots reserved for requests about to be decided fill its capacity.
+func full(c *decide.Candidate, u *upstreamState, now int64) bool {
+	n := capacity(c, now)
+	return n > 0 && c.Load+u.reserved.Load() >= n
+}
+
+// admit runs after gather, under state.deciding: it reports whether req must wait (every
+// candidate full, or requests of its group wait already: no overtaking). A request handed a
+// slot leaves out the full candidates (unless all are), so that it takes a free one.
+func (p *KVCacheAware) admit(g *gathered, pool reverseproxy.UpstreamPool, req *llmRequest) bool {
+	if p.opts.queueTimeout <= 0 && p.opts.flow == nil {
+		return false
+	}
+	dc := g.snap.Candidates
+	if req.queued != notQueued {
+		if req.queued == dispatched {
+			p.leaveFull(g, req)
+		}
+		return false
+	}
+	now := g.snap.Now
+	for i := range dc {
+		if !full(&dc[i], g.cands[i].st, now) {
+			wq := p.state.wq
+			if wq.held.Load() == 0 {
+				return false
+			}
+			key := groupKey(req.Model, pool)
+			wq.mu.Lock()
+			waiting := wq.q.LenModel(key) > 0
+			wq.mu.Unlock()
+			return waiting
+		}
+	}
+	return true
+}
+
+// leaveFull leaves out of g the full candidates, unless all are.
+func (p *KVCacheAware) leaveFull(g *gathered, req *llmRequest) {
+	dc, now := g.snap.Candidates, g.snap.Now
+	n := 0
+	for i := range dc {
+		if !full(&dc[i], g.cands[i].st, now) {
+			n++
+		}
+	}
+	if n == 0 || n == len(dc) {
+		return
+	}
+	k := 0
+	for i := range dc {
+		if full(&dc[i], g.cands[i].st, now) {
+			continue
+		}
+		g.cands[k], dc[k] = g.cands[i], dc[i]
+		dc[k].Key = k
+		k++
+	}
+	g.cands, g.snap.Candidates = g.cands[:k], dc[:k]
+	if g.sess.addr != "" && indexOf(g.cands, g.sess.addr) < 0 && !g.sess.keep {
+		// Its session's upstream is full: the binding stays, this request goes elsewhere.
+		p.skipSession(&g.sess, req)
+	}
+}
+
+// groupKey names the group a request waits in: its model in its pool (arrival order is kept
+// per model; two sites with pools of their own have queues of their own).
+func groupKey(model string, pool reverseproxy.UpstreamPool) string {
+	var b strings.Builder
+	b.WriteString(model)
+	for _, up := range pool {
+		if up != nil {
+			b.WriteByte(0)
+			b.WriteString(up.Dial)
+		}
+	}
+	return b.String()
+}
+
+// flowOf returns the request's band (index and name), its tenant and how long it may wait.
+func (p *KVCacheAware) flowOf(r *http.Request) (band int, name, tenant string, timeout time.Duration) {
+	f := p.opts.flow
+	if f == nil {
+		return 0, defaultBand, "", p.opts.queueTimeout
+	}
+	repl, _ := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
+	if repl == nil {
+		repl = caddy.NewReplacer()
+	}
+	if f.tenant != "" {
+		tenant = boundKey(repl.ReplaceAll(f.tenant, ""), maxTenantLen)
+	}
+	band = 0
+	if f.priority != "" {
+		if v := repl.ReplaceAll(f.priority, ""); v != "" {
+			band = len(f.bands) - 1 // a name no band has: the lowest band
+			for i, b := range f.bands {
+				if b.name == v {
+					band = i
+					break
+				}
+			}
+		}
+	}
+	return band, f.bands[band].name, tenant, f.bands[band].timeout
+}
+
+// await makes req wait for a slot (state.deciding is not held). It returns true when the
+// request goes on to be decided (handed a slot, or past queue_timeout without flow_control),
+// false when it was shed (answered 429 on w) or its client left.
+func (p *KVCacheAware) await(pool reverseproxy.UpstreamPool, r *http.Request, w http.ResponseWriter, req *llmRequest) bool {
+	wq := p.state.wq
+	band, bandName, tenant, timeout := p.flowOf(r)
+	start := time.Now()
+	wt := &waiter{band: bandName, ready: make(chan struct{})}
+	wt.item = flow.Item{Model: groupKey(req.Model, pool), Tenant: tenant, Band: band, Value: wt}
+	wq.mu.Lock()
+	reason := ""
+	switch f := p.opts.flow; {
+	case f != nil && wq.q.Len() >= f.maxQueued:
+		reason = flow.Full.String()
+	case f != nil && f.maxPerTenant > 0 && wq.q.LenTenant(tenant) >= f.maxPerTenant:
+		reason = flow.TenantFull.String()
+	case timeout <= 0:
+		reason = "timeout"
+	}
+	if reason != "" {
+		wq.mu.Unlock()
+		if p.opts.flow == nil {
+			req.queued = overdue // queue_timeout 0: never wait
+			return true
+		}
+		p.shed(w, req, bandName, reason)
+		return false
+	}
+	wq.q.Push(&wt.item)
+	wq.groups[wt.item.Model] = &waitGroup{model: req.Model, pool: pool, p: p}
+	wq.held.Add(1)
+	wq.start(p.state)
+	wq.mu.Unlock()
+	metrics.queueRequests.WithLabelValues(bandName).Inc()
+	capacityFreed() // a slot may have freed between the decision's look and now
+
+	timer := time.NewTimer(timeout)
+	defer timer.Stop()
+	var gone bool
+	select {
+	case <-wt.ready:
+	case <-timer.C:
+	case <-r.Context().Done():
+		gone = true
+	}
+	wq.mu.Lock()
+	if wq.q.Remove(&wt.item) {
+		wq.held.Add(-1)
+		wq.dropGroup(wt.item.Model)
+	}
+	granted := wt.granted
+	wq.mu.Unlock()
+	metrics.queueRequests.WithLabelValues(bandName).Dec()
+	waited := time.Since(start)
+	metrics.queueSeconds.WithLabelValues(bandName).Observe(waited.Seconds())
+	req.waited = waited
+	switch {
+	case gone:
+		if granted {
+			p.unreserve(wt)
+		}
+		return false
+	case granted:
+		req.queued, req.slot = dispatched, wt
+		return true
+	case p.opts.flow != nil:
+		p.shed(w, req, bandName, "timeout")
+		return false
+	}
+	req.queued = overdue
+	return true
+}
+
+// unreserve gives back the slot a waiter was handed (it is decided now, or its client left).
+// It runs once per waiter handed a slot.
+func (p *KVCacheAware) unreserve(wt *waiter) {
+	if wt.reserved != nil {
+		wt.reserved.reserved.Add(-1)
+		wt.reserved = nil
+	}
+	p.state.wq.held.Add(-1)
+	capacityFreed()
+}
+
+// dropGroup forgets a group nobody waits in (under mu).
+func (wq *waitQueue) dropGroup(key string) {
+	if wq.q.LenModel(key) == 0 {
+		delete(wq.groups, key)
+	}
+}
+
+// start runs the dispatcher unless it runs (under mu). It ends when nothing waits.
+func (wq *waitQueue) start(s *state) {
+	if wq.running || wq.stopped {
+		return
+	}
+	wq.running = true
+	go wq.dispatchLoop(s)
+}
+
+func (wq *waitQueue) dispatchLoop(s *state) {
+	tick := time.NewTicker(queuePoll)
+	defer tick.Stop()
+	for {
+		select {
+		case <-wq.kick:
+		case <-tick.C:
+		case <-wq.stop:
+			wq.releaseAll()
+			return
+		}
+		s.deciding.Lock()
+		wq.mu.Lock()
+		wq.addPeers(s.node())
+		wq.dispatch()
+		idle := wq.q.Len() == 0
+		if idle {
+			wq.running = false
+		}
+		wq.mu.Unlock()
+		s.deciding.Unlock()
+		if idle {
+			return
+		}
+	}
+}
+
+// dispatch hands each free slot to the request that goes first (under state.deciding and mu).
+func (wq *waitQueue) dispatch() {
+	now := time.Now().UnixNano()
+	var free *upstreamState
+	ready := func(key string) bool {
+		free = wq.freeSlot(key, now)
+		return free != nil
+	}
+	for wq.q.Len() > 0 {
+		it := wq.q.Next(ready)
+		if it == nil {
+			return
+		}
+		// ready's last answer may be another group's: the slot is looked up again (ready
+		// answered true for this group, and nothing moved since).
+		free = wq.freeSlot(it.Model, now)
+		wt := it.Value.(*waiter)
+		if free != nil {
+			free.reserved.Add(1)
+		}
+		wt.reserved, wt.granted = free, true
+		wq.dropGroup(it.Model)
+		close(wt.ready)
+	}
+}
+
+// freeSlot returns the least loaded candidate of the group with a free slot, or nil.
+func (wq *waitQueue) freeSlot(key string, now int64) *upstreamState {
+	grp := wq.groups[key]
+	if grp == nil {
+		return nil
+	}
+	p := grp.p
+	var buf [16]candidate
+	cands := p.candidates(buf[:0], grp.pool, grp.model, now)
+	var best *upstreamState
+	bestLoad := int64(math.MaxInt64)
+	for i := range cands {
+		c := &cands[i]
+		if c.st.health.down.Load() {
+			continue
+		}
+		d := decide.Candidate{Profile: c.prof, Load: c.load}
+		engineFacts(&d, c.st)
+		if full(&d, c.st, now) {
+			continue
+		}
+		if l := c.load + c.st.reserved.Load(); l < bestLoad {
+			best, bestLoad = c.st, l
+		}
+	}
+	return best
+}
+
+// releaseAll hands every waiter on at once, without a slot reserved, when the state goes
+// (the last config let go).
+func (wq *waitQueue) releaseAll() {
+	wq.mu.Lock()
+	defer wq.mu.Unlock()
+	for {
+		it := wq.q.Next(func(string) bool { return true })
+		if it == nil {
+			break
+		}
+		wt := it.Value.(*waiter)
+		wt.granted = true
+		close(wt.ready)
+	}
+	clear(wq.groups)
+	wq.running = false
+}
+
+// close stops the dispatcher (state.Destruct).
+func (wq *waitQueue) close() {
+	wq.mu.Lock()
+	if !wq.stopped {
+		wq.stopped = true
+		close(wq.stop)
+	}
+	running := wq.running
+	wq.mu.Unlock()
+	if !running {
+		wq.releaseAll()
+	}
+}
+
+// shed answers 429 with Retry-After and an error in the request's API format, when there is a
+// response writer (Select returns nil after it: Caddy's 503 then finds the answer written).
+func (p *KVCacheAware) shed(w http.ResponseWriter, req *llmRequest, band, reason string) {
+	req.shed.Store(true)
+	metrics.shed.WithLabelValues(band, reason).Inc()
+	if w == nil {
+		return
+	}
+	msg := "the fleet is full: try again later"
+	switch reason {
+	case flow.Full.String():
+		msg = "too many requests wait for the fleet: try again later"
+	case flow.TenantFull.String():
+		msg = "too many of your requests wait for the fleet: try again later"
+	}
+	body := shedBody(req.Format, msg, reason)
+	h := w.Header()
+	h.Set("Retry-After", retryAfter)
+	h.Set("Content-Type", "application/json")
+	h.Set("Content-Length", strconv.Itoa(len(body)))
+	w.WriteHeader(http.StatusTooManyRequests)
+	_, _ = w.Write(body)
+	// The answer is whole (its length is given): the client has it now, while reverse_proxy
+	// may go on calling Select until lb_try_duration ends (it gets nil at once: Select).
+	_ = http.NewResponseController(w).Flush()
+}
+
+// shedBody is a 429's error body in the API format f: Anthropic's for /v1/messages, OpenAI's
+// for the others.
+func shedBody(f llmreq.Format, msg, reason string) []byte {
+	var v any
+	if f == llmreq.Messages {
+		v = map[string]any{"type": "error", "error": map[string]string{"type": "rate_limit_error", "message": msg}}
+	} else {
+		v = map[string]any{"error": map[string]any{"message": msg, "type": "rate_limit_exceeded", "code": reason, "param": nil}}
+	}
+	b, _ := json.Marshal(v)
+	return append(b, '\n')
+}
+
+// charge counts the request's tokens for its tenant when it is dispatched (flow_control):
+// its prompt's estimate plus output_weight × its expected output; its answer's usage
+// corrects it (settleTokens).
+func (p *KVCacheAware) charge(r *http.Request, req *llmRequest, g *gathered, chosen int) {
+	f := p.opts.flow
+	if f == nil || req.charged != 0 {
+		return
+	}
+	out := float64(req.MaxTokens)
+	if out <= 0 {
+		out = g.snap.Candidates[chosen].MeanOutput
+	}
+	if !(out > 0) {
+		out = float64(p.opts.expectedTokens)
+	}
+	_, _, tenant, _ := p.flowOf(r)
+	req.tenant, req.weight = tenant, f.outputWeight
+	req.outEstimate = out
+	req.charged = float64(g.estimate) + f.outputWeight*out
+	wq := p.state.wq
+	wq.mu.Lock()
+	wq.serve(tenant, req.charged)
+	wq.mu.Unlock()
+}
+
+// serve counts tokens served to a tenant by this replica (under mu).
+func (wq *waitQueue) serve(tenant string, tokens float64) {
+	wq.q.Serve(tenant, tokens)
+	if len(wq.own) >= flow.DefaultMaxTenants {
+		// Client-chosen names: the least served are forgotten (the peers' sums then hold
+		// what was published of them).
+		keep := make([]TenantStatus, 0, len(wq.own))
+		for name, v := range wq.own {
+			keep = append(keep, TenantStatus{Name: name, TokensServed: v})
+		}
+		sortTenants(keep)
+		for _, t := range keep[flow.DefaultMaxTenants*9/10:] {
+			delete(wq.own, t.Name)
+		}
+	}
+	wq.own[tenant] = max(0, wq.own[tenant]+tokens)
+}
+
+// addPeers adds to the queue's counters what the cluster's peers served since the last call
+// (under mu). A peer's record is its tenants' totals: a total that went down (a peer gone or
+// restarted, a tenant out of its record) takes nothing back, and counts again once it passes
+// what was added.
+func (wq *waitQueue) addPeers(n *cluster.Node) {
+	if n == nil {
+		return
+	}
+	for name, total := range n.PeerTokens() {
+		if d := total - wq.peers[name]; d > 0 {
+			wq.q.Serve(name, float64(d))
+			wq.peers[name] = total
+		}
+	}
+	if len(wq.peers) > flow.DefaultMaxTenants {
+		clear(wq.peers) // bounded: re-learned from the totals, counted at most once more
+	}
+}
+
+// TokensServed is the node's TokensSource: this replica's tokens served per tenant.
+func (h clusterHandler) TokensServed() map[string]int64 {
+	wq := h.s.wq
+	wq.mu.Lock()
+	defer wq.mu.Unlock()
+	m := make(map[string]int64, len(wq.own))
+	for name, v := range wq.own {
+		if v >= 1 {
+			m[name] = int64(v)
+		}
+	}
+	return m
+}
+
+// settleTokens corrects the tenant's tokens served once the answer told its usage.
+func (s *state) settleTokens(lr *llmRequest, u usage) {
+	if lr.charged == 0 || !u.ok {
+		return
+	}
+	out := lr.outEstimate
+	if u.outputKnown {
+		out = u.output
+	}
+	actual := u.prompt + lr.weight*out
+	delta := actual - lr.charged
+	lr.charged = actual
+	s.wq.mu.Lock()
+	s.wq.serve(lr.tenant, delta)
+	s.wq.mu.Unlock()
+}
+
+// queueStatus is the queue in GET /kvroute/.
+type QueueStatus struct {
+	Waiting int            `json:"waiting"`
+	Bands   map[string]int `json:"bands,omitempty"` // waiting per band index ("0" first)
+	// Tenants are the tenants remembered (top tenantLabels by tokens served): tokens served
+	// as the fair share counts them, and requests waiting.
+	Tenants []TenantStatus `json:"tenants,omitempty"`
+}
+
+// TenantStatus is one tenant's share.
+type TenantStatus struct {
+	Name         string  `json:"name"`
+	TokensServed float64 `json:"tokens_served"`
+	Waiting      int     `json:"waiting"`
+}
+
+// status reads the queue.
+func (s *state) queueStatus() *QueueStatus {
+	wq := s.wq
+	wq.mu.Lock()
+	wq.addPeers(s.node())
+	defer wq.mu.Unlock()
+	st := &QueueStatus{Waiting: wq.q.Len(), Bands: map[string]int{}}
+	for b := range wq.q.Bands() {
+		if n := wq.q.LenBand(b); n > 0 {
+			st.Bands[strconv.Itoa(b)] = n
+		}
+	}
+	st.Tenants = wq.topTenants(tenantLabels)
+	return st
+}
+
+// topTenants returns the n tenants with the most tokens served (under mu).
+func (wq *waitQueue) topTenants(n int) []TenantStatus {
+	var all []TenantStatus
+	wq.q.Tenants(func(name string, served float64, queued int) {
+		all = append(all, TenantStatus{Name: name, TokensServed: served, Waiting: queued})
+	})
+	sortTenants(all)
+	if len(all) > n {
+		all = all[:n]
+	}
+	return all
+}
+
+// sortTenants orders tenants by tokens served, most first (names break ties).
+func sortTenants(ts []TenantStatus) {
+	slices.SortFunc(ts, func(a, b TenantStatus) int {
+		switch {
+		case a.TokensServed > b.TokensServed:
+			return -1
+		case a.TokensServed < b.TokensServed:
+			return 1
+		}
+		return strings.Compare(a.Name, b.Name)
+	})
+}
+
+// tenantCollector reports the tokens served per tenant, read at scrape time: the
+// tenantLabels tenants with the most by name, the rest summed as "other" (tenant names come
+// from clients: never a label per name without bound).
+type tenantCollector struct{}
+
+var descTenantTokens = prometheus.NewDesc(ns+"_"+sub+"_tenant_tokens_served",
+	"Tokens served per flow_control tenant as its fair share counts them (prompt plus output_weight × output; an idle tenant's count is lifted to the others' when it comes back). The most served tenants by name, the rest as other.",
+	[]string{"tenant"}, nil)
+
+func (*tenantCollector) Describe(ch chan<- *prometheus.Desc) { ch <- descTenantTokens }
+
+func (*tenantCollector) Collect(ch chan<- prometheus.Metric) {
+	s := currentState()
+	if s == nil {
+		return
+	}
+	wq := s.wq
+	wq.mu.Lock()
+	wq.addPeers(s.node())
+	var all []TenantStatus
+	wq.q.Tenants(func(name string, served float64, queued int) {
+		all = append(all, TenantStatus{Name: name, TokensServed: served})
+	})
+	wq.mu.Unlock()
+	sortTenants(all)
+	other, others := 0.0, false
+	for i, t := range all {
+		if i >= tenantLabels || t.Name == "other" {
+			other, others = other+t.TokensServed, true
+			continue
+		}
+		ch <- prometheus.MustNewConstMetric(descTenantTokens, prometheus.GaugeValue, t.TokensServed, t.Name)
+	}
+	if others {
+		ch <- prometheus.MustNewConstMetric(descTenantTokens, prometheus.GaugeValue, other, "other")
+	}
+}
