@@ -113,8 +113,10 @@ func selectPolicies(cfg *config, bin *caddyBinary) ([]policy, []string, error) {
 		}
 		if len(cfg.flow) > 0 && bin.has(moduleKV) {
 			// The flow workloads compare kv_cache_aware with and without flow control.
+			vs := variantPolicies(cfg.kvOptions)
+			flow := vs[slices.IndexFunc(vs, func(p policy) bool { return p.Name == "kv_flow" })]
 			i := slices.IndexFunc(out, func(p policy) bool { return p.Name == "kv_cache_aware" })
-			out = slices.Insert(out, i+1, variantPolicies(cfg.kvOptions)[3])
+			out = slices.Insert(out, i+1, flow)
 		}
 		for _, p := range missing {
 			hint := ""
