@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"math"
@@ -159,6 +160,25 @@ type classFigures struct {
 	TTFTP99Ms  float64 `json:"ttft_p99_ms"`
 	Throughput float64 `json:"throughput_rps"` // answered over the run's wall time
 	Goodput    float64 `json:"goodput_rps"`    // answered within the SLO over the wall time
+}
+
+// MarshalJSON writes a TTFT of no answered request (NaN, which encoding/json refuses) as null.
+func (f classFigures) MarshalJSON() ([]byte, error) {
+	type plain classFigures
+	num := func(x float64) *float64 {
+		if math.IsNaN(x) || math.IsInf(x, 0) {
+			return nil
+		}
+		return &x
+	}
+	return json.Marshal(struct {
+		plain
+		HitRatio   *float64 `json:"hit_ratio"`
+		TTFTP50Ms  *float64 `json:"ttft_p50_ms"`
+		TTFTP99Ms  *float64 `json:"ttft_p99_ms"`
+		Throughput *float64 `json:"throughput_rps"`
+		Goodput    *float64 `json:"goodput_rps"`
+	}{plain(f), num(f.HitRatio), num(f.TTFTP50Ms), num(f.TTFTP99Ms), num(f.Throughput), num(f.Goodput)})
 }
 
 // classSplit computes a run's figures for all its requests and for each class, the class of a

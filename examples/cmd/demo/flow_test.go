@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"math"
 	"net/http"
@@ -341,5 +342,19 @@ func TestKVFlowPolicy(t *testing.T) {
 		if !strings.Contains(string(out), want) {
 			t.Errorf("adapted JSON lacks %s: %s", want, out)
 		}
+	}
+}
+
+// TestClassFiguresJSON: a class with nothing answered (its TTFT NaN) still writes -json, with
+// null for the TTFT; the other figures as they are.
+func TestClassFiguresJSON(t *testing.T) {
+	f := classFigures{Requests: 3, Shed: 3, TTFTP50Ms: math.NaN(), TTFTP99Ms: math.NaN(), Throughput: 0.5}
+	b, err := json.Marshal(flowRun{All: f, Classes: map[string]classFigures{"heavy": f}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := `{"requests":3,"answered":0,"shed":3,"errors":0,"hit_ratio":0,"ttft_p50_ms":null,"ttft_p99_ms":null,"throughput_rps":0.5,"goodput_rps":0}`
+	if got := string(b); got != `{"all":`+want+`,"classes":{"heavy":`+want+`}}` {
+		t.Errorf("got %s", got)
 	}
 }
