@@ -250,6 +250,9 @@ func nearestRank(xs []float64, p float64) float64 {
 type flowRun struct {
 	All     classFigures            `json:"all"`
 	Classes map[string]classFigures `json:"classes"`
+	// Records are the run's requests, in the -json file (with its class a record's session's
+	// prefix: light-conv-...).
+	Records []replay.Record `json:"records,omitempty"`
 }
 
 // flowPolicy is one policy's runs on one scenario and their medians.
@@ -327,7 +330,7 @@ func medianFigures(runs []classFigures) classFigures {
 }
 
 // flowPolicies splits each policy's runs by class and takes the medians.
-func flowPolicies(results []*policyResult, classOf map[string]string, classes []string, slo time.Duration) []*flowPolicy {
+func flowPolicies(results []*policyResult, classOf map[string]string, classes []string, slo time.Duration, records bool) []*flowPolicy {
 	var out []*flowPolicy
 	for _, pr := range results {
 		fp := &flowPolicy{Policy: pr.Policy, Label: pr.Label, Classes: map[string]classFigures{}}
@@ -335,7 +338,11 @@ func flowPolicies(results []*policyResult, classOf map[string]string, classes []
 		per := map[string][]classFigures{}
 		for _, r := range pr.Runs {
 			all, by := classSplit(r, classOf, slo)
-			fp.Runs = append(fp.Runs, flowRun{All: all, Classes: by})
+			run := flowRun{All: all, Classes: by}
+			if records {
+				run.Records = r.Records
+			}
+			fp.Runs = append(fp.Runs, run)
 			alls = append(alls, all)
 			for _, c := range classes {
 				if f, ok := by[c]; ok {
@@ -445,7 +452,7 @@ func runFlow(ctx context.Context, cfg *config, bin *caddyBinary, policies []poli
 		b := &bench{cfg: &c, bin: bin, fleet: fl, workload: w}
 		results, err := b.compare(ctx, policies)
 		r.policyResults = results
-		r.Policies = flowPolicies(results, classOf, classes, cfg.slo)
+		r.Policies = flowPolicies(results, classOf, classes, cfg.slo, cfg.jsonPath != "")
 		if len(r.Policies) > 0 {
 			out.Flow = append(out.Flow, r)
 			printFlow(os.Stdout, r, cfg.repeats)
