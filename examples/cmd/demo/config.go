@@ -334,6 +334,9 @@ func (c *config) replayOptions(baseURL string, fleetBlocks, blockTokens int) rep
 
 // loopDescription says how the workload is sent, for the header lines.
 func (c *config) loopDescription() string {
+	if len(c.flow) > 0 {
+		return fmt.Sprintf("open loop, each class at its share of the fleet's capacity (per scenario), speed %g", c.speed)
+	}
 	if c.openLoop {
 		return fmt.Sprintf("open loop, time scale %g", c.timeScale)
 	}
