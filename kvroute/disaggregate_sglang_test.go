@@ -454,14 +454,16 @@ func TestDisaggregateSGLangClientGone(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	done := postInBackground(ctx, strings.ReplaceAll(longChat(true, ""), `"m"`, `"`+llmsim.DefaultModel+`"`))
+	// The decode leg waits for its room's prefill outside its engine (it joins the batch once
+	// the KV arrived).
 	waitUntil(t, 10*time.Second, func() bool {
-		return p[0].Stats().Running == 1 && d[0].Stats().Running == 1
-	}, "both legs running on their engines")
+		return p[0].Stats().Running == 1 && d[0].Stats().Handling == 1
+	}, "the prefill leg running on its engine, the decode leg waiting for its room")
 	cancel()
 	<-done
 	waitUntil(t, 10*time.Second, func() bool {
-		return p[0].Stats().Running == 0 && d[0].Stats().Running == 0 && tr.Pending() == 0
-	}, "both engines back to 0 running, no room pending")
+		return p[0].Stats().Running == 0 && p[0].Stats().Handling == 0 && d[0].Stats().Handling == 0 && tr.Pending() == 0
+	}, "both engines back to 0 requests, no room pending")
 	if tr.Taken.Load() != 0 {
 		t.Errorf("a room was taken after the client went away")
 	}
@@ -505,7 +507,7 @@ func TestDisaggregateSGLangBadConfig(t *testing.T) {
 func TestDisaggregateSGLangPrefillKilledMidRun(t *testing.T) {
 	tr := llmsim.NewTransfers()
 	// About 1,300 prompt tokens at 1 ms/token: each prefill runs about a second, one at a time.
-	p, d, opts := sglangFleet(t, tr, llmsim.Config{Speed: 1, PrefillPerToken: time.Millisecond, DecodePerToken: -1})
+	p, d, opts := sglangFleet(t, tr, llmsim.Config{Speed: 1, PrefillPerToken: time.Millisecond, StepFixed: -1, PerSeq: -1})
 	cfg := strings.ReplaceAll(pdConfig(addrs(p), addrs(d), opts+"\n\t\tlb_retries 2", ""), `"m"`, `"`+llmsim.DefaultModel+`"`)
 	startCaddy(t, cfg)
 	client := &http.Client{Timeout: 60 * time.Second}

@@ -23,7 +23,7 @@ import (
 // answer corrects the tree, and GET /kvroute/ says the engine reports usage and cached tokens.
 func TestFeedbackLLMSim(t *testing.T) {
 	leakCheck(t)
-	sim := llmsim.New(llmsim.Config{Name: "sim1", PrefillPerToken: -1, DecodePerToken: -1, MinEventInterval: -1})
+	sim := llmsim.New(llmsim.Config{Name: "sim1", StepFixed: -1, PrefillPerToken: -1, PerSeq: -1, MinEventInterval: -1})
 	srv := httptest.NewServer(sim)
 	t.Cleanup(srv.Close)
 	addr := strings.TrimPrefix(srv.URL, "http://")

@@ -15,8 +15,15 @@ import (
 
 // Defaults of the queue's options (docs/design.md "When the fleet is full").
 const (
-	// DefaultQueueTimeout is how long a request may wait at the router for a slot.
-	DefaultQueueTimeout = 10 * time.Second
+	// DefaultQueueTimeout is how long a request may wait at the router for a slot without
+	// flow_control: 0, never. The fleet simulator's card measured late binding alone and it
+	// did not pay (docs/simulator.md "Issue 34": chat-closed-64's goodput 0.42 of what it is
+	// without it); flow_control's bands wait (DefaultBandTimeout).
+	DefaultQueueTimeout = 0
+	// DefaultBandTimeout is a band's queue_timeout when neither the band nor the policy gives
+	// one: apart from DefaultQueueTimeout, so that turning late binding off by default leaves
+	// flow_control's bands waiting (they would otherwise shed at once).
+	DefaultBandTimeout = 10 * time.Second
 	// DefaultMaxQueued bounds the requests waiting with flow_control, all flows together.
 	DefaultMaxQueued = 10000
 	// DefaultOutputWeight is what an output token costs against a prompt token in a tenant's
@@ -56,7 +63,7 @@ type FlowControl struct {
 type FlowBand struct {
 	Name string `json:"name"`
 	// How long its requests may wait before they are shed (429). Default: the policy's
-	// queue_timeout.
+	// queue_timeout when given, else 10s.
 	QueueTimeout *caddy.Duration `json:"queue_timeout,omitempty"`
 }
 
@@ -74,8 +81,8 @@ type bandSettings struct {
 	timeout time.Duration
 }
 
-// settings applies the defaults; queueTimeout is the policy's.
-func (f *FlowControl) settings(queueTimeout time.Duration) *flowSettings {
+// settings applies the defaults; queueTimeout is the policy's, nil when not given.
+func (f *FlowControl) settings(given *caddy.Duration) *flowSettings {
 	if f == nil {
 		return nil
 	}
@@ -84,6 +91,10 @@ func (f *FlowControl) settings(queueTimeout time.Duration) *flowSettings {
 		maxQueued:    or(f.MaxQueued, DefaultMaxQueued),
 		maxPerTenant: f.MaxQueuedPerTenant,
 		outputWeight: valueOr(f.OutputWeight, DefaultOutputWeight),
+	}
+	queueTimeout := DefaultBandTimeout
+	if given != nil {
+		queueTimeout = time.Duration(*given)
 	}
 	for _, b := range f.Bands {
 		t := queueTimeout

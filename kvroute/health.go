@@ -286,10 +286,11 @@ func (b *watchedBody) Read(p []byte) (int, error) {
 	return n, err
 }
 
-// newAttempt records an attempt of r to u, and gives it a watched body (under Caddy only: r is
-// the request the attempt sends, and its body the one Caddy's transport will read).
-func newAttempt(r *http.Request, u *upstreamState) *attempt {
-	a := &attempt{u: u}
+// newAttempt records in a, a zero attempt, an attempt of r to u, and gives it a watched body
+// (under Caddy only: r is the request the attempt sends, and its body the one Caddy's
+// transport will read).
+func newAttempt(r *http.Request, u *upstreamState, a *attempt) *attempt {
+	a.u = u
 	repl, ok := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
 	if !ok {
 		return a
@@ -440,25 +441,19 @@ func (s *state) noteRetry(r *http.Request, req *llmRequest) {
 	s.judge(repl, a, false, nil)
 }
 
-// watchOutcome judges, when the request ends, its last attempt (unless a retry's Select did).
-// It is called once per request, at its first decision.
-func (s *state) watchOutcome(r *http.Request, req *llmRequest) {
-	repl, ok := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
-	if !ok {
-		return // not served by Caddy (unit tests)
+// judgeEnd judges, when the request ends, its last attempt (unless a retry's Select did).
+// watchEnd calls it once per request.
+func (s *state) judgeEnd(repl *caddy.Replacer, req *llmRequest) {
+	a := req.attempt.Load()
+	if a == nil {
+		return
 	}
-	context.AfterFunc(r.Context(), func() {
-		a := req.attempt.Load()
-		if a == nil {
-			return
-		}
-		defer a.u.health.ended.Add(1)
-		var err error
-		if e, ok := repl.Get("http.error"); ok {
-			err, _ = e.(error)
-		}
-		s.judge(repl, a, true, err)
-	})
+	defer a.u.health.ended.Add(1)
+	var err error
+	if e, ok := repl.Get("http.error"); ok {
+		err, _ = e.(error)
+	}
+	s.judge(repl, a, true, err)
 }
 
 // HealthStatus is what GET /kvroute/ shows of an upstream's health.

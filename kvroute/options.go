@@ -105,7 +105,7 @@ func (p *KVCacheAware) settings(resolve bool) settings {
 		queueTimeout:     time.Duration(valueOr(p.QueueTimeout, caddy.Duration(DefaultQueueTimeout))),
 		flowGiven:        p.FlowControl,
 	}
-	s.flow = p.FlowControl.settings(s.queueTimeout)
+	s.flow = p.FlowControl.settings(p.QueueTimeout)
 	if c := p.SessionCookie; c != nil {
 		s.cookie = &SessionCookie{Name: or(c.Name, DefaultCookieName), Secret: c.Secret}
 		s.cookieSecretSet = c.Secret != ""
@@ -382,10 +382,13 @@ func (s settings) core() decide.Options {
 		LeastBusyOnImbalance: s.onImbalance != "prefix_in_band",
 		ExpectedTokens:       s.expectedTokens,
 		TTFTSlack:            s.ttftSlack,
-		// Issue 34: decision thresholds sees batch slots (no option: the fleet simulator's
-		// scorecard chose them, docs/decision.md).
-		SlotRank: true,
-		SlotMove: true,
+		// Issue 34: decision thresholds sees batch slots and slower engines, and keeps warm
+		// requests when every batch is full (no option: the fleet simulator's scorecard chose
+		// them, docs/decision.md).
+		SlotRank:  true,
+		SlotMove:  true,
+		SpeedRank: true,
+		FullStay:  true,
 	}
 	strategy, _ := energy.ParseStrategy(s.fallback)
 	o.Placer = energy.NewPlacer(strategy)

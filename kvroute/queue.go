@@ -39,6 +39,9 @@ const maxBands = 16
 // a peer's count) free slots without telling it.
 const queuePoll = 100 * time.Millisecond
 
+// maxQueuedAlone bounds the requests waiting without flow_control (a variable: tests lower it).
+var maxQueuedAlone = DefaultMaxQueued
+
 // retryAfter is the Retry-After of a shed request, in seconds: slots free in seconds in a
 // busy fleet, and clients back off on their own beyond it.
 const retryAfter = "1"
@@ -248,6 +251,8 @@ func (p *KVCacheAware) await(pool reverseproxy.UpstreamPool, r *http.Request, w 
 	wq.mu.Lock()
 	reason := ""
 	switch f := p.opts.flow; {
+	case f == nil && wq.q.Len() >= maxQueuedAlone:
+		reason = flow.Full.String() // without flow_control: it goes on at once, as today
 	case f != nil && wq.q.Len() >= f.maxQueued:
 		reason = flow.Full.String()
 	case f != nil && f.maxPerTenant > 0 && wq.q.LenTenant(tenant) >= f.maxPerTenant:
@@ -258,10 +263,10 @@ func (p *KVCacheAware) await(pool reverseproxy.UpstreamPool, r *http.Request, w 
 	if reason != "" {
 		wq.mu.Unlock()
 		if p.opts.flow == nil {
-			req.queued = overdue // queue_timeout 0: never wait
+			req.queued = overdue // the queue is full: it goes on as if it had not waited
 			return true
 		}
-		p.shed(w, req, bandName, reason)
+		p.shed(w, r, req, bandName, reason)
 		return false
 	}
 	wq.q.Push(&wt.item)
@@ -302,7 +307,7 @@ func (p *KVCacheAware) await(pool reverseproxy.UpstreamPool, r *http.Request, w 
 		req.queued, req.slot = dispatched, wt
 		return true
 	case p.opts.flow != nil:
-		p.shed(w, req, bandName, "timeout")
+		p.shed(w, r, req, bandName, "timeout")
 		return false
 	}
 	req.queued = overdue
@@ -405,12 +410,14 @@ func (wq *waitQueue) freeSlot(key string, now int64) *upstreamState {
 		if c.st.health.down.Load() {
 			continue
 		}
-		d := decide.Candidate{Profile: c.prof, Load: c.load}
+		// The load is read here, under state.deciding (candidates may leave it to gather).
+		load := p.state.load(c.st, now)
+		d := decide.Candidate{Profile: c.prof, Load: load}
 		engineFacts(&d, c.st)
 		if full(&d, c.st, now) {
 			continue
 		}
-		if l := c.load + c.st.reserved.Load(); l < bestLoad {
+		if l := load + c.st.reserved.Load(); l < bestLoad {
 			best, bestLoad = c.st, l
 		}
 	}
@@ -451,7 +458,7 @@ func (wq *waitQueue) close() {
 
 // shed answers 429 with Retry-After and an error in the request's API format, when there is a
 // response writer (Select returns nil after it: Caddy's 503 then finds the answer written).
-func (p *KVCacheAware) shed(w http.ResponseWriter, req *llmRequest, band, reason string) {
+func (p *KVCacheAware) shed(w http.ResponseWriter, r *http.Request, req *llmRequest, band, reason string) {
 	req.shed.Store(true)
 	metrics.shed.WithLabelValues(band, reason).Inc()
 	if w == nil {
@@ -464,7 +471,11 @@ func (p *KVCacheAware) shed(w http.ResponseWriter, req *llmRequest, band, reason
 	case flow.TenantFull.String():
 		msg = "too many of your requests wait for the fleet: try again later"
 	}
-	body := shedBody(req.Format, msg, reason)
+	f := req.Format
+	if f == llmreq.None {
+		f = llmreq.Hint(r) // a body that did not parse: its path and headers name its API
+	}
+	body := shedBody(f, msg, reason)
 	h := w.Header()
 	h.Set("Retry-After", retryAfter)
 	h.Set("Content-Type", "application/json")

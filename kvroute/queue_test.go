@@ -11,6 +11,9 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 )
 
 // gated is a loopback upstream that holds every request until the test releases one: with
@@ -478,5 +481,74 @@ func TestQueueLearnedSlots(t *testing.T) {
 	mustOK(t, a, b, c)
 	if n := e.hits.Load() - hits; n != 3 {
 		t.Errorf("%d requests at the engine, want 3", n)
+	}
+}
+
+// A tenant's tokens served are charged when its request is dispatched (the prompt's estimate
+// plus output_weight × max_tokens) and corrected from the answer's usage through llm_feedback:
+// 10 prompt and 5 completion tokens at weight 2 make 20.
+func TestQueueTokensCorrectedByUsage(t *testing.T) {
+	g := newGated(t)
+	cfg := queueConfig(g, "flow_control {\n\t\t\t\ttenant {http.request.header.X-Tenant}\n\t\t\t}", "")
+	cfg = strings.Replace(cfg, "\t@llm llm_prompt\n", "\t@llm llm_prompt\n\tllm_feedback\n", 1)
+	startCaddy(t, cfg)
+	series := `caddy_kvroute_tenant_tokens_served{tenant="usage-tenant"}`
+	body := strings.Replace(chatBody("m", strings.Repeat("a prompt of some length. ", 40)), `{"model":"m",`, `{"model":"m","max_tokens":1,`, 1)
+	ch := postAsync(context.Background(), "/v1/chat/completions", body, "X-Tenant", "usage-tenant")
+	waitFor(t, func() bool { return len(g.arrived()) == 1 }, "the request reaches the upstream")
+	charged := metricValue(t, series)
+	if charged < 200 || charged > 300 {
+		t.Errorf("charged %v tokens at dispatch for a prompt of ~250 tokens and max_tokens 1, want its estimate + 2", charged)
+	}
+	g.releaseN(t, 1)
+	mustOK(t, ch)
+	waitFor(t, func() bool { return metricValue(t, series) == 20 }, fmt.Sprintf("tokens served corrected to the usage's 10 + 2×5 (charged %v, now %v)", charged, metricValue(t, series)))
+}
+
+// Without flow_control, a request that finds the queue full (10,000 waiting; here 1) goes on
+// at once, as it would without the queue: never a 429 without flow_control.
+func TestQueueFullWithoutFlowControlGoesOn(t *testing.T) {
+	defer func(n int) { maxQueuedAlone = n }(maxQueuedAlone)
+	maxQueuedAlone = 1
+	g := newGated(t)
+	startCaddy(t, queueConfig(g, "queue_timeout 1m", ""))
+	first := occupy(t, g)
+	waiting := enqueue(t, "/v1/chat/completions", chatBody("m", "waits"), "X-Req", "w1")
+	over := postAsync(context.Background(), "/v1/chat/completions", chatBody("m", "over the bound"), "X-Req", "over")
+	waitFor(t, func() bool { return len(g.arrived()) == 2 }, "the request over the bound reaches the upstream at once")
+	if got, want := strings.Join(g.arrived(), ","), "occupier,over"; got != want {
+		t.Errorf("requests at the upstream %s, want %s", got, want)
+	}
+	g.releaseN(t, 3)
+	mustOK(t, first, waiting, over)
+}
+
+// A request's band is the one its priority names; without one, the first band; naming no band
+// (a typo, a forged value), the last: it never outranks a named band. Its tenant is its
+// placeholder's value, a long one replaced by a digest.
+func TestQueueFlowOf(t *testing.T) {
+	fc := &FlowControl{Tenant: "{http.request.header.X-Tenant}", Priority: "{http.request.header.X-Priority}",
+		Bands: []FlowBand{{Name: "hi"}, {Name: "mid"}, {Name: "lo"}}}
+	p := &KVCacheAware{FlowControl: fc}
+	p.opts = p.settings(false)
+	for _, tc := range []struct {
+		priority, tenant string
+		band             int
+		wantTenant       string
+	}{
+		{"", "acme", 0, "acme"},
+		{"mid", "acme", 1, "acme"},
+		{"lo", "", 2, ""},
+		{"urgent!!", "acme", 2, "acme"},
+		{"hi", strings.Repeat("t", 200), 0, boundKey(strings.Repeat("t", 200), maxTenantLen)},
+	} {
+		r := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", nil)
+		r.Header.Set("X-Priority", tc.priority)
+		r.Header.Set("X-Tenant", tc.tenant)
+		r = r.WithContext(context.WithValue(r.Context(), caddy.ReplacerCtxKey, caddyhttp.NewTestReplacer(r)))
+		band, name, tenant, timeout := p.flowOf(r)
+		if band != tc.band || name != fc.Bands[tc.band].Name || tenant != tc.wantTenant || timeout != DefaultBandTimeout {
+			t.Errorf("priority %q tenant %q: band %d (%s), tenant %q, timeout %v; want band %d, tenant %q, %v", tc.priority, tc.tenant, band, name, tenant, timeout, tc.band, tc.wantTenant, DefaultBandTimeout)
+		}
 	}
 }

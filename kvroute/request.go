@@ -10,6 +10,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
 	"github.com/kvroute/caddy-kvroute/kvroute/llmreq"
@@ -36,6 +37,8 @@ type llmRequest struct {
 	// much: every attempt gets the body from it, and a retry re-derives the routing text.
 	body    *llmreq.Body
 	maxBody int64
+	// heldBody is body's storage when requestFor read it (allocated with the request).
+	heldBody llmreq.Body
 
 	// pick is the upstream this request is counted against while in flight; a retry moves it.
 	pick atomic.Pointer[upstreamState]
@@ -61,6 +64,12 @@ type llmRequest struct {
 	cookieID  string
 	cookieSet bool
 
+	// firstAttempt is the storage of the first attempt (the request's attempts live as long
+	// as it does): a retry's attempt is allocated apart.
+	firstAttempt attempt
+	// judgeBy and repl judge the last attempt when the request ends (watchEnd), under Caddy.
+	judgeBy *state
+	repl    *caddy.Replacer
 	// The router-side queue (queue.go): queued tells whether it waited and how it left, slot
 	// the slot it was handed (given back when it is decided), waited how long it waited; shed:
 	// it was answered 429 (a retry of it is never queued again).
@@ -77,12 +86,15 @@ type llmRequest struct {
 // body the first time (the body is restored byte for byte). It caches the result in the
 // request's vars, so the matcher and every Select of every retry share one extraction.
 func requestFor(r *http.Request, maxBody int64) *llmRequest {
-	if v, ok := caddyhttp.GetVar(r.Context(), varRequest).(*llmRequest); ok && v != nil {
+	// The vars map is looked up once (each lookup walks the request's chain of contexts);
+	// its values are set as caddyhttp.SetVar sets them, none nil.
+	vars, _ := r.Context().Value(caddyhttp.VarsCtxKey).(map[string]any)
+	if v, ok := vars[varRequest].(*llmRequest); ok && v != nil {
 		return v
 	}
 	lr := &llmRequest{maxBody: maxBody}
 	if llmreq.Routable(r) {
-		prefix, truncated, err := llmreq.ReadBody(r, maxBody)
+		prefix, truncated, err := llmreq.ReadBodyInto(r, maxBody, &lr.heldBody)
 		lr.body = llmreq.Held(r)
 		lr.err = err
 		if len(prefix) > 0 {
@@ -91,9 +103,9 @@ func requestFor(r *http.Request, maxBody int64) *llmRequest {
 	}
 	lr.Model = boundKey(lr.Model, maxModelLen)
 	lr.Session = boundKey(lr.Session, maxSessionLen)
-	if hasVars(r) {
-		caddyhttp.SetVar(r.Context(), varRequest, lr)
-		setPlaceholders(r, lr)
+	if vars != nil {
+		vars[varRequest] = lr
+		setPlaceholders(vars, lr)
 	}
 	return lr
 }
@@ -147,14 +159,13 @@ func hasVars(r *http.Request) bool {
 	return ok
 }
 
-func setPlaceholders(r *http.Request, lr *llmRequest) {
-	ctx := r.Context()
-	caddyhttp.SetVar(ctx, "llm.model", lr.Model)
-	caddyhttp.SetVar(ctx, "llm.session", lr.Session)
-	caddyhttp.SetVar(ctx, "llm.prompt_chars", intVar(lr.Runes))
-	caddyhttp.SetVar(ctx, "llm.max_tokens", intVar(lr.MaxTokens))
-	caddyhttp.SetVar(ctx, "llm.stream", boolVars[b2i(lr.Stream)])
-	caddyhttp.SetVar(ctx, "llm.format", formatVar(lr.Format))
+func setPlaceholders(vars map[string]any, lr *llmRequest) {
+	vars["llm.model"] = lr.Model
+	vars["llm.session"] = lr.Session
+	vars["llm.prompt_chars"] = intVar(lr.Runes)
+	vars["llm.max_tokens"] = intVar(lr.MaxTokens)
+	vars["llm.stream"] = boolVars[b2i(lr.Stream)]
+	vars["llm.format"] = formatVar(lr.Format)
 }
 
 // The placeholders' common values, made into interface values once: a var set per request
@@ -208,8 +219,8 @@ func (lr *llmRequest) promptTokens() int64 {
 	return lr.tokens.Load()
 }
 
-// track counts the request as in flight on u until the request ends; a retry moves it from the
-// previous pick. uncached is the prompt's tokens the decision predicted u must prefill, ttft
+// track counts the request as in flight on u until the request ends (watchEnd: the first
+// attempt's commit registers the end); a retry moves it from the previous pick. uncached is the prompt's tokens the decision predicted u must prefill, ttft
 // (nanoseconds) how long it predicted that takes: the request counts in u's queued prefill
 // until its first token (prefillDone) or, when no answer will show its first token (without
 // llm_feedback, or a non-streamed request), until ttft has passed.
@@ -231,8 +242,6 @@ func (lr *llmRequest) track(r *http.Request, u *upstreamState, estimate, uncache
 		if partial {
 			old.learn.sent.partialIn(-1)
 		}
-	} else {
-		context.AfterFunc(r.Context(), lr.untrack)
 	}
 	loadChanged()
 	if r.Context().Err() != nil {
@@ -253,6 +262,25 @@ func (lr *llmRequest) firstTokenSeen() bool {
 // per token is learned while it runs (learnFrom).
 func (lr *llmRequest) partialText() bool {
 	return lr.Truncated || lr.err != nil
+}
+
+// watchEnd registers, at the request's first decision, what its end does: stop counting it in
+// flight (untrack) and, under Caddy, judge its last attempt (judgeEnd, unless a retry's Select
+// did). One context.AfterFunc per request does both: each costs its allocations and a
+// goroutine when the request ends.
+func (s *state) watchEnd(r *http.Request, lr *llmRequest) {
+	if repl, ok := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer); ok {
+		lr.judgeBy, lr.repl = s, repl // not served by Caddy (unit tests): nothing to judge
+	}
+	context.AfterFunc(r.Context(), lr.ended)
+}
+
+// ended is what the request's end does (watchEnd).
+func (lr *llmRequest) ended() {
+	lr.untrack()
+	if lr.judgeBy != nil {
+		lr.judgeBy.judgeEnd(lr.repl, lr)
+	}
 }
 
 // untrack stops counting the request as in flight.

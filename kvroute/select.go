@@ -26,6 +26,8 @@ type candidate struct {
 	load  int64          // requests in flight, as this router counts them (load.go)
 	match int            // leading runes of the routing text it holds
 	cost  costPrediction // what the decision predicted (after decide)
+	// peersPrefill is the queued prefill tokens its peers last published there.
+	peersPrefill int64
 	// adapter is the request's LoRA adapter there in loads (decide.AdapterWarm...); lora: the
 	// request names a LoRA adapter (fleet.go).
 	adapter float64
@@ -45,8 +47,10 @@ type candidate struct {
 //     under the chosen upstream, the session is bound, the decision counted and explained.
 //
 // Decisions of this router run one at a time from reading the loads to counting the choice
-// (state.deciding), so each sees every decision made before it (load.go: the bound). The
-// tree match before and the recording after run outside.
+// (state.deciding), so each sees every decision made before it (load.go: the bound). Only
+// what the decisions change is read under it (the loads, queued tokens and prefill), and the
+// session step; the tree match and the facts no decision changes are read before, the
+// recording after.
 func (p *KVCacheAware) Select(pool reverseproxy.UpstreamPool, r *http.Request, w http.ResponseWriter) *reverseproxy.Upstream {
 	up := p.selectUpstream(pool, r, w)
 	if p.reg != nil && p.reg.retired.Load() {
@@ -64,10 +68,15 @@ func (p *KVCacheAware) selectUpstream(pool reverseproxy.UpstreamPool, r *http.Re
 		return nil // answered 429 (queue.go): a retry of it does not queue again
 	}
 	p.state.noteRetry(r, req)
-	// The tree match, the slow part, runs before the decisions' lock.
+	// The tree match, the slow part, and every fact no decision changes are read before the
+	// decisions' lock: what the engines reported and taught, what the trees hold, the prompt's
+	// tokens (prepare). Under it, only what the decisions themselves change (gather).
 	treeName := p.treeName(req.Model)
 	held := p.matchText(treeName, req.Text)
 	defer func() { held.release() }()
+	g := gatheredPool.Get().(*gathered)
+	defer g.release()
+	p.prepare(g, pool, req, held)
 	if hook := testHookDecide.Load(); hook != nil {
 		(*hook)()
 	}
@@ -81,9 +90,7 @@ func (p *KVCacheAware) selectUpstream(pool reverseproxy.UpstreamPool, r *http.Re
 	}
 	defer unlock() // a panic while deciding must not hold up every later decision
 
-	g := gatheredPool.Get().(*gathered)
-	defer g.release()
-	ok := p.gather(g, pool, r, req, held)
+	ok := p.gather(g, pool, r, req)
 	if ok && p.admit(g, pool, req) {
 		// Every candidate is full: wait for a slot (queue.go), then decide on the state of
 		// that moment.
@@ -93,14 +100,15 @@ func (p *KVCacheAware) selectUpstream(pool reverseproxy.UpstreamPool, r *http.Re
 		}
 		held.release()
 		held = p.matchText(treeName, req.Text)
+		*g = gathered{}
+		p.prepare(g, pool, req, held)
 		p.state.deciding.Lock()
 		locked = true
 		if req.slot != nil {
 			p.unreserve(req.slot)
 			req.slot = nil
 		}
-		*g = gathered{}
-		ok = p.gather(g, pool, r, req, held)
+		ok = p.gather(g, pool, r, req)
 		ok = ok && !p.admit(g, pool, req)
 	}
 	if !ok {
@@ -148,19 +156,48 @@ func (g *gathered) release() {
 	gatheredPool.Put(g)
 }
 
-// gather reads the snapshot for one decision of req from the state; false when no upstream
-// of pool may take it.
-func (p *KVCacheAware) gather(g *gathered, pool reverseproxy.UpstreamPool, r *http.Request, req *llmRequest, held heldMatch) bool {
-	now := time.Now().UnixNano()
-	g.cands = p.candidates(g.ubuf[:0], pool, req.Model, now)
+// prepare reads, before the decisions' lock, what of the snapshot no decision of this router
+// changes: the candidates (available upstreams serving the request's model, step 1 before the
+// decision's leaving out) with whether each is down or tried, what the trees hold of the
+// prompt, what each engine reported and taught, the peers' queued prefill; and the request's
+// facts. What a decision changes (the loads, the queued tokens and prefill: recordChoice counts
+// the choice in them) is read under the lock, by gather.
+func (p *KVCacheAware) prepare(g *gathered, pool reverseproxy.UpstreamPool, req *llmRequest, held heldMatch) {
+	g.cands = p.candidates(g.ubuf[:0], pool, req.Model, time.Now().UnixNano())
+	held.assign(g.cands)
 	dc := g.dbuf[:0]
 	for i := range g.cands {
 		c := &g.cands[i]
 		dc = append(dc, decide.Candidate{
-			Key: i, Profile: c.prof, Load: c.load, Adapter: c.adapter,
+			Key: i, Profile: c.prof, Adapter: c.adapter,
 			Down:  c.st.health.down.Load(),
 			Tried: slices.Contains(req.tried, c.up.Dial),
 		})
+		p.facts(&dc[i], c)
+	}
+	g.snap.Candidates = dc
+	g.estimate = p.state.tokensOf(req.Model, int64(req.Runes))
+	g.snap.Request = decide.Request{
+		PromptChars:   req.Runes,
+		PromptTokens:  g.estimate,
+		CharsPerToken: p.state.charsPerToken(req.Model),
+		MaxTokens:     req.MaxTokens,
+	}
+}
+
+// gather completes the snapshot under the decisions' lock (state.deciding) with what the
+// decisions change: each candidate's load (so that each decision sees every decision made
+// before it: load.go, the bound), then step 1's leaving out, then the kept candidates' queued
+// tokens and prefill (recordChoice counts the choice in both); then the session step's lookup
+// and a Responses follow-up, on the kept candidates. False when no upstream of pool may take
+// the request.
+func (p *KVCacheAware) gather(g *gathered, pool reverseproxy.UpstreamPool, r *http.Request, req *llmRequest) bool {
+	now := time.Now().UnixNano()
+	dc := g.snap.Candidates
+	for i := range g.cands {
+		c := &g.cands[i]
+		c.load = p.state.load(c.st, now)
+		dc[i].Load = c.load
 	}
 	// Step 1's leaving out is the decision's; the state's candidates follow it.
 	dc = decide.Filter(dc)
@@ -173,19 +210,14 @@ func (p *KVCacheAware) gather(g *gathered, pool reverseproxy.UpstreamPool, r *ht
 	if len(dc) == 0 {
 		return false
 	}
-	held.assign(g.cands)
 	for i := range g.cands {
-		p.facts(&dc[i], &g.cands[i], now)
+		st := g.cands[i].st
+		dc[i].QueuedTokens = st.queuedTokens.Load()
+		st.expirePrefill(now)
+		dc[i].Prefill = max(0, st.prefillTokens.Load()) + g.cands[i].peersPrefill
 	}
-	g.estimate = p.state.tokensOf(req.Model, int64(req.Runes))
 	g.snap.Now = now
-	g.snap.Request = decide.Request{
-		PromptChars:   req.Runes,
-		PromptTokens:  g.estimate,
-		CharsPerToken: p.state.charsPerToken(req.Model),
-		MaxTokens:     req.MaxTokens,
-		Adapter:       g.cands[0].lora,
-	}
+	g.snap.Request.Adapter = g.cands[0].lora
 	g.sess = p.session(r, req, pool, g.cands, dc)
 	if i := p.followUp(req, g.cands); i >= 0 {
 		dc[i].StoredResponse = true
@@ -193,16 +225,15 @@ func (p *KVCacheAware) gather(g *gathered, pool reverseproxy.UpstreamPool, r *ht
 	return true
 }
 
-// facts fills d, the decision's view of candidate c, from the state at now.
-func (p *KVCacheAware) facts(d *decide.Candidate, c *candidate, now int64) {
-	st := c.st
+// facts fills what of d, the decision's view of candidate c, no decision of this router
+// changes: its match, what the trees hold under it, what its engine reported and taught; and
+// c's peers' queued prefill there.
+func (p *KVCacheAware) facts(d *decide.Candidate, c *candidate) {
 	d.Match = c.match
 	d.HeldChars = p.state.forest.TenantChars(c.up.Dial)
 	d.HeldCharsPerToken = p.state.upstreamCharsPerToken(c.up.Dial)
-	d.QueuedTokens = st.queuedTokens.Load()
-	st.expirePrefill(now)
-	d.Prefill = max(0, st.prefillTokens.Load()) + p.state.peersPrefill(c.up.Dial)
-	engineFacts(d, st)
+	c.peersPrefill = p.state.peersPrefill(c.up.Dial)
+	engineFacts(d, c.st)
 }
 
 // engineFacts fills what u's engine reported and taught: its waiting queue and how long its
@@ -252,7 +283,8 @@ func (p *KVCacheAware) recordChoice(g *gathered, r *http.Request, req *llmReques
 }
 
 // candidates appends to dst the upstreams of pool that may take a request for model: those
-// available that serve it (step 1 before the decision's leaving out), with their loads at now.
+// available that serve it (step 1 before the decision's leaving out), seen at now. Their loads
+// are read under the decisions' lock (gather).
 func (p *KVCacheAware) candidates(dst []candidate, pool reverseproxy.UpstreamPool, model string, now int64) []candidate {
 	for _, up := range pool {
 		if up == nil || !up.Available() {
@@ -267,8 +299,7 @@ func (p *KVCacheAware) candidates(dst []candidate, pool reverseproxy.UpstreamPoo
 		if !p.state.isStatic(up.Dial) {
 			p.state.seeDynamic(st, now)
 		}
-		load := p.state.load(st, now)
-		dst = append(dst, candidate{up: up, st: st, prof: prof, load: load})
+		dst = append(dst, candidate{up: up, st: st, prof: prof})
 	}
 	// The engines' model lists (fleet.go) leave out those that do not serve the model.
 	return p.state.served(dst, model)
@@ -473,12 +504,17 @@ func (p *KVCacheAware) commit(r *http.Request, w http.ResponseWriter, req *llmRe
 	// Peers learn what this replica just learned (pending cookie ids stay local: a client
 	// that keeps no cookies must not fill every replica's store).
 	p.state.share(req.Model, c.up.Dial, req.Text, bindKey, boundAt)
-	a := newAttempt(r, c.st)
+	first := len(req.tried) == 0
+	a := &req.firstAttempt
+	if !first {
+		a = new(attempt)
+	}
+	a = newAttempt(r, c.st, a)
 	a.model, a.chars, a.matched = req.Model, req.Runes, c.match
 	p.recordPrediction(r, req, a, c, treeName)
 	req.attempt.Store(a)
-	if len(req.tried) == 0 {
-		p.state.watchOutcome(r, req)
+	if first {
+		p.state.watchEnd(r, req)
 	}
 	if req.tried == nil {
 		req.tried = req.triedBuf[:0]

@@ -64,14 +64,18 @@ const (
 // admitted is admitFlow's answer for a request that goes to an engine now.
 const admitted = 0
 
-// band is the band a priority names: the first for none or an unknown name.
+// band is the band a priority names: the first for none, the last for an unknown name (as
+// kvroute's flow_control: a misspelled or forged priority never outranks a named band).
 func (f *flowControl) band(priority string) int {
+	if priority == "" {
+		return 0
+	}
 	for i, b := range f.bands {
 		if b.name == priority {
 			return i
 		}
 	}
-	return 0
+	return len(f.bands) - 1
 }
 
 // anyFree reports whether an engine has a free slot as the router knows it (every engine

@@ -1,8 +1,13 @@
 package llmsim
 
-import "time"
+import (
+	"time"
 
-// Defaults of Config.
+	"github.com/kvroute/caddy-kvroute/examples/llmsim/engine"
+)
+
+// Defaults of Config. The engine's are the fleet simulator's (package engine), but for the
+// batch slots.
 //
 // DefaultCapacityBlocks is 65,536 blocks of 16 tokens, about 1M tokens: the KV cache of an 8B
 // model on a large GPU, and the size at which a fleet of 4 makes the Mooncake trace a routing
@@ -11,11 +16,12 @@ import "time"
 const (
 	DefaultName             = "llmsim"
 	DefaultModel            = "llama-3.1-8b"
-	DefaultCapacityBlocks   = 65536
+	DefaultCapacityBlocks   = engine.DefaultCapacityBlocks
 	DefaultSlots            = 8
-	DefaultPrefillSlots     = 1
-	DefaultPrefillPerToken  = 50 * time.Microsecond
-	DefaultDecodePerToken   = 2 * time.Millisecond
+	DefaultMaxBatchTokens   = engine.DefaultMaxBatchTokens
+	DefaultStepFixed        = engine.DefaultStepFixed
+	DefaultPrefillPerToken  = engine.DefaultPerPrefillToken
+	DefaultPerSeq           = engine.DefaultPerSeq
 	DefaultMaxTokens        = 16
 	DefaultMinEventInterval = 10 * time.Millisecond
 	DefaultMaxBodyBytes     = 64 << 20
@@ -28,22 +34,27 @@ type Config struct {
 	// Model is the model served; a request naming another model gets a 404 as from vLLM, a
 	// request naming none is served.
 	Model string
-	// CapacityBlocks is the prefix cache's size in blocks; negative means unlimited.
+	// The worker is an engine.Engine run on the wall clock (the fleet simulator's model of
+	// vLLM's scheduler): these are its parameters (engine.Config).
+	//
+	// CapacityBlocks is the KV cache's size in blocks (vLLM's num_gpu_blocks): the running
+	// requests' blocks (prompt and output, reserved at admission) and the prefix cache's
+	// share it. Negative means unlimited.
 	CapacityBlocks int
 	// BlockTokens is the KV cache block size in tokens.
 	BlockTokens int
-	// Slots is the number of requests running at once; the others wait in a FIFO queue.
+	// Slots is the most requests in a batch (vLLM's max_num_seqs); the others wait in a FIFO
+	// queue.
 	Slots int
-	// PrefillSlots is the number of prefills computed at once. Prefill is compute-bound: a
-	// GPU running two prefills runs each at half speed, so by default one runs at a time
-	// (FIFO) and a worker prefills at most 1/PrefillPerToken tokens per second, however many
-	// Slots it has. Decodes, memory-bound, run in parallel in the slots.
-	PrefillSlots int
-	// PrefillPerToken is the time to prefill one uncached prompt token; negative means none.
+	// MaxBatchTokens is a step's token budget (max_num_batched_tokens): a decode takes one
+	// token of it, prefills the rest, a long prompt in chunks over several steps.
+	MaxBatchTokens int
+	// A step lasts StepFixed + PrefillPerToken × prefill tokens in it + PerSeq × sequences in
+	// it: prefills share the accelerator with each other and with the decodes, and a decode
+	// step of n sequences makes one token each in StepFixed + n × PerSeq. Negative means none.
+	StepFixed       time.Duration
 	PrefillPerToken time.Duration
-	// DecodePerToken is the time to generate one output token after the first; negative
-	// means none.
-	DecodePerToken time.Duration
+	PerSeq          time.Duration
 	// Speed divides every simulated duration: 10 runs the simulation ten times faster.
 	Speed float64
 	// DefaultMaxTokens is the output length of a request that gives no max_tokens.
@@ -89,11 +100,12 @@ func (cfg Config) withDefaults() Config {
 	if cfg.Slots <= 0 {
 		cfg.Slots = DefaultSlots
 	}
-	if cfg.PrefillSlots <= 0 {
-		cfg.PrefillSlots = DefaultPrefillSlots
+	if cfg.MaxBatchTokens <= 0 {
+		cfg.MaxBatchTokens = DefaultMaxBatchTokens
 	}
+	cfg.StepFixed = orDefault(cfg.StepFixed, DefaultStepFixed)
 	cfg.PrefillPerToken = orDefault(cfg.PrefillPerToken, DefaultPrefillPerToken)
-	cfg.DecodePerToken = orDefault(cfg.DecodePerToken, DefaultDecodePerToken)
+	cfg.PerSeq = orDefault(cfg.PerSeq, DefaultPerSeq)
 	cfg.MinEventInterval = orDefault(cfg.MinEventInterval, DefaultMinEventInterval)
 	if cfg.Speed <= 0 {
 		cfg.Speed = 1
@@ -128,4 +140,26 @@ func orDefault(d, def time.Duration) time.Duration {
 // scaled returns d divided by the speed factor.
 func (cfg Config) scaled(d time.Duration) time.Duration {
 	return time.Duration(float64(d) / cfg.Speed)
+}
+
+// engine returns the engine a worker of cfg (defaults filled in) runs: its parameters, the
+// durations divided by Speed.
+func (cfg Config) engine() engine.Config {
+	// The engine takes zero for its default and a negative duration for none.
+	none := func(d time.Duration) time.Duration {
+		if d = cfg.scaled(d); d <= 0 {
+			return -1
+		}
+		return d
+	}
+	return engine.Config{
+		MaxNumSeqs:      cfg.Slots,
+		MaxBatchTokens:  cfg.MaxBatchTokens,
+		BlockTokens:     cfg.BlockTokens,
+		CapacityBlocks:  cfg.CapacityBlocks,
+		MaxLoras:        -1,
+		StepFixed:       none(cfg.StepFixed),
+		PerPrefillToken: none(cfg.PrefillPerToken),
+		PerSeq:          none(cfg.PerSeq),
+	}
 }

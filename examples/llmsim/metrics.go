@@ -11,32 +11,6 @@ import (
 	"time"
 )
 
-// counters are a worker's monotonic counters (zeroed by Reset) and its running KV blocks.
-type counters struct {
-	requests         atomic.Uint64
-	promptTokens     atomic.Uint64 // = vLLM's prefix cache queries, in tokens
-	cachedTokens     atomic.Uint64 // = vLLM's prefix cache hits, in tokens
-	generationTokens atomic.Uint64
-	runningBlocks    atomic.Int64 // KV blocks held by running requests: not reset
-	// vLLM's request histograms. Prefill and decode times are the simulated GPU's (the
-	// nominal durations the worker sleeps), not the host's sleep jitter: they are what a
-	// real engine's clock would measure of the work. TTFT is the request's wall time from
-	// arrival to its first token, queueing included, as vLLM measures it.
-	prefillTime, decodeTime, ttft histogram
-	// startNanos is the simulated process's start (Unix nanoseconds): Restart takes a new one.
-	startNanos atomic.Int64
-}
-
-func (c *counters) reset() {
-	c.requests.Store(0)
-	c.promptTokens.Store(0)
-	c.cachedTokens.Store(0)
-	c.generationTokens.Store(0)
-	c.prefillTime.reset()
-	c.decodeTime.reset()
-	c.ttft.reset()
-}
-
 // histogramBounds are vLLM's request-latency buckets (seconds), shared by the three histograms.
 var histogramBounds = []float64{0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75,
 	1, 2.5, 5, 7.5, 10, 20, 40, 80, 160, 640, 2560}
@@ -92,12 +66,15 @@ func (h *histogram) write(bw *bufio.Writer, name, help, labels string) {
 // cache size as vLLM does, block_size × num_gpu_blocks tokens (left out when the cache is
 // unlimited: vLLM's is never). A scrape counts in none of the counters: tests that count the
 // requests a worker served must not count the router's telemetry.
+//
+// The figures are the engine's (engine.Reading): running and waiting requests, the KV cache's
+// blocks in use by running requests over its capacity, prompt tokens looked up in the prefix
+// cache (vLLM's prompt_tokens_total counts them all, cached or not) and found there, tokens
+// generated; the histograms are the engine's times, prefill from admission to the first token
+// and decode from the first token to the last, and TTFT from the HTTP request's arrival.
 func (s *Server) serveMetrics(w http.ResponseWriter, r *http.Request) {
-	running, waiting := s.slots.counts()
-	usage := 0.0
-	if s.cfg.CapacityBlocks > 0 {
-		usage = min(1, float64(s.m.runningBlocks.Load())/float64(s.cfg.CapacityBlocks))
-	}
+	rd := s.eng.reading()
+	running, waiting, usage := rd.Running, rd.Waiting, min(1, rd.KVUsage)
 	vllm := fmt.Sprintf(`{engine="0",model_name="%s"}`, labelValue(s.cfg.Model))
 	sim := fmt.Sprintf(`{model_name="%s",worker="%s"}`, labelValue(s.cfg.Model), labelValue(s.cfg.Name))
 
@@ -118,30 +95,30 @@ func (s *Server) serveMetrics(w http.ResponseWriter, r *http.Request) {
 			fmt.Sprintf(`{block_size="%d",engine="0",num_gpu_blocks="%d"}`, s.cfg.BlockTokens, s.cfg.CapacityBlocks), 1)
 	}
 	metric("vllm:prefix_cache_queries_total", "counter",
-		"Prefix cache queries, in terms of number of queried tokens.", vllm, float64(s.m.promptTokens.Load()))
+		"Prefix cache queries, in terms of number of queried tokens.", vllm, float64(rd.PrefixQueries))
 	metric("vllm:prefix_cache_hits_total", "counter",
-		"Prefix cache hits, in terms of number of cached tokens.", vllm, float64(s.m.cachedTokens.Load()))
+		"Prefix cache hits, in terms of number of cached tokens.", vllm, float64(rd.PrefixHits))
 	metric("vllm:prompt_tokens_total", "counter",
-		"Number of prefill tokens processed.", vllm, float64(s.m.promptTokens.Load()))
+		"Number of prefill tokens processed.", vllm, float64(rd.PrefixQueries))
 	metric("vllm:generation_tokens_total", "counter",
-		"Number of generation tokens processed.", vllm, float64(s.m.generationTokens.Load()))
-	s.m.prefillTime.write(bw, "vllm:request_prefill_time_seconds",
+		"Number of generation tokens processed.", vllm, float64(rd.GenerationTokens))
+	s.eng.prefillTime.write(bw, "vllm:request_prefill_time_seconds",
 		"Histogram of time spent in PREFILL phase for request.", vllm)
-	s.m.decodeTime.write(bw, "vllm:request_decode_time_seconds",
+	s.eng.decodeTime.write(bw, "vllm:request_decode_time_seconds",
 		"Histogram of time spent in DECODE phase for request.", vllm)
-	s.m.ttft.write(bw, "vllm:time_to_first_token_seconds",
+	s.eng.ttft.write(bw, "vllm:time_to_first_token_seconds",
 		"Histogram of time to first token in seconds.", vllm)
 	// As Go's and Python's process collectors write it: seconds, with the fraction.
 	metric("process_start_time_seconds", "gauge", "Start time of the process since unix epoch in seconds.", "",
-		math.Round(float64(s.m.startNanos.Load())/1e6)/1e3)
+		math.Round(float64(s.startNanos.Load())/1e6)/1e3)
 	metric("kvsim_requests_total", "counter",
-		"Requests served to the end by the simulated worker.", sim, float64(s.m.requests.Load()))
+		"Requests served to the end by the simulated worker.", sim, float64(s.requests.Load()))
 	metric("kvsim_cache_blocks", "gauge",
-		"KV cache blocks held by the simulated prefix cache.", sim, float64(s.cache.Len()))
+		"KV cache blocks held by the simulated prefix cache.", sim, float64(rd.CachedBlocks))
 	metric("kvsim_cache_capacity_blocks", "gauge",
 		"Capacity of the simulated prefix cache in blocks (0: unlimited).", sim, float64(max(0, s.cfg.CapacityBlocks)))
 	metric("kvsim_cache_evictions_total", "counter",
-		"KV cache blocks evicted from the simulated prefix cache.", sim, float64(s.cache.Evictions()))
+		"KV cache blocks evicted from the simulated prefix cache.", sim, float64(rd.Evictions))
 	bw.Flush()
 }
 

@@ -32,8 +32,8 @@ func TestMetricsReadAsVLLM(t *testing.T) {
 		capacity int64 // 0: unknown
 	}{
 		{"defaults", fast, DefaultCapacityBlocks * DefaultBlockTokens},
-		{"small", Config{Name: "s", CapacityBlocks: 64, BlockTokens: 32, PrefillPerToken: -1, DecodePerToken: -1}, 64 * 32},
-		{"unlimited", Config{Name: "u", CapacityBlocks: -1, PrefillPerToken: -1, DecodePerToken: -1}, 0},
+		{"small", Config{Name: "s", CapacityBlocks: 64, BlockTokens: 32, StepFixed: -1, PrefillPerToken: -1, PerSeq: -1}, 64 * 32},
+		{"unlimited", Config{Name: "u", CapacityBlocks: -1, StepFixed: -1, PrefillPerToken: -1, PerSeq: -1}, 0},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -76,7 +76,7 @@ func TestScrapesAreNotRequests(t *testing.T) {
 // totals and takes a new start time, which kvroute's Diff reads as a restart.
 func TestLearnedFamilies(t *testing.T) {
 	for _, factor := range []int{1, 4} {
-		cfg := Config{Name: "w", PrefillPerToken: time.Duration(factor) * 10 * time.Microsecond, DecodePerToken: -1, Speed: 1}
+		cfg := Config{Name: "w", PrefillPerToken: time.Duration(factor) * 10 * time.Microsecond, StepFixed: -1, PerSeq: -1, Speed: 1}
 		s, ts := startServer(t, cfg)
 		before := readTelemetry(t, ts.URL)
 		before.At = time.Now() // as the scraper stamps its readings

@@ -80,7 +80,7 @@ func TestResponsesBadRequests(t *testing.T) {
 
 // TestResponsesStream: the events of a streamed Responses reply, in order, carry the reply.
 func TestResponsesStream(t *testing.T) {
-	cfg := Config{Name: "s", PrefillPerToken: -1, DecodePerToken: time.Millisecond, MinEventInterval: -1}
+	cfg := Config{Name: "s", PrefillPerToken: -1, StepFixed: time.Millisecond, PerSeq: -1, MinEventInterval: -1}
 	_, ts := startServer(t, cfg)
 	resp := post(t, ts.URL+"/v1/responses", map[string]any{"model": DefaultModel, "input": "Say hi.", "max_output_tokens": 5, "stream": true})
 	defer resp.Body.Close()

@@ -10,6 +10,8 @@ import (
 	"strconv"
 	"sync/atomic"
 	"time"
+
+	"github.com/kvroute/caddy-kvroute/examples/llmsim/engine"
 )
 
 // Headers set on every response of a worker.
@@ -21,13 +23,15 @@ const (
 
 // Server is one simulated worker. It is an http.Handler; create it with New.
 type Server struct {
-	cfg     Config
-	cache   *BlockCache
-	slots   *slots // batch slots
-	prefill *slots // the compute prefills share
-	mux     *http.ServeMux
-	seq     atomic.Uint64
-	m       counters
+	cfg Config
+	eng *realtime // the engine, run on the wall clock
+	mux *http.ServeMux
+	seq atomic.Uint64
+	// requests counts the requests answered to the end; startNanos is the simulated
+	// process's start (Unix nanoseconds): Restart takes a new one.
+	requests   atomic.Uint64
+	handling   atomic.Int64
+	startNanos atomic.Int64
 	// advertise is the host:port a prefill worker names in its transfer parameters.
 	advertise string
 }
@@ -36,13 +40,11 @@ type Server struct {
 func New(cfg Config) *Server {
 	cfg = cfg.withDefaults()
 	s := &Server{
-		cfg:     cfg,
-		cache:   NewBlockCache(cfg.CapacityBlocks),
-		slots:   newSlots(cfg.Slots),
-		prefill: newSlots(cfg.PrefillSlots),
-		mux:     http.NewServeMux(),
+		cfg: cfg,
+		eng: newRealtime(cfg.engine()),
+		mux: http.NewServeMux(),
 	}
-	s.m.startNanos.Store(time.Now().UnixNano())
+	s.startNanos.Store(time.Now().UnixNano())
 	s.mux.HandleFunc("POST /v1/chat/completions", func(w http.ResponseWriter, r *http.Request) {
 		s.serveGenerate(w, r, true)
 	})
@@ -64,24 +66,29 @@ func New(cfg Config) *Server {
 // Config returns the worker's config, defaults filled in.
 func (s *Server) Config() Config { return s.cfg }
 
+// Engine returns the parameters of the engine the worker runs (its durations divided by
+// Speed): the fleet simulator's engine.Config of the same engine.
+func (s *Server) Engine() engine.Config { return s.eng.cfg }
+
 // ServeHTTP serves the OpenAI-compatible API.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set(HeaderWorker, s.cfg.Name)
 	s.mux.ServeHTTP(w, r)
 }
 
-// Reset empties the prefix cache and zeroes the counters. Running requests go on.
+// Reset empties the engine, as a restart does (its prefix cache, queues and counters), but
+// keeps its process start time. Requests in flight are aborted: they end in an error, or a
+// stream cut short.
 func (s *Server) Reset() {
-	s.cache.Reset()
-	s.m.reset()
+	s.eng.restart()
+	s.requests.Store(0)
 }
 
 // Restart is Reset as an engine process restarted would show it: an empty cache, counters back
-// to zero and a new process_start_time_seconds. Running requests go on (a real restart would
-// cut them; the demo's restart scenario is about the cache and the counters).
+// to zero, the requests in flight cut, and a new process_start_time_seconds.
 func (s *Server) Restart() {
 	s.Reset()
-	s.m.startNanos.Store(time.Now().UnixNano())
+	s.startNanos.Store(time.Now().UnixNano())
 }
 
 // Stats is a snapshot of a worker's counters.
@@ -90,23 +97,27 @@ type Stats struct {
 	PromptTokens     uint64
 	CachedTokens     uint64
 	GenerationTokens uint64
-	Running, Waiting int
-	CacheBlocks      int
-	Evictions        uint64
+	Running, Waiting int // in the engine
+	// Handling is the generation requests received and not yet answered: those in the engine
+	// and those waiting outside it (a decode worker's for its KV transfer or bootstrap room).
+	Handling    int
+	CacheBlocks int
+	Evictions   uint64
 }
 
 // Stats returns the worker's counters since it started or was reset.
 func (s *Server) Stats() Stats {
-	running, waiting := s.slots.counts()
+	r := s.eng.reading()
 	return Stats{
-		Requests:         s.m.requests.Load(),
-		PromptTokens:     s.m.promptTokens.Load(),
-		CachedTokens:     s.m.cachedTokens.Load(),
-		GenerationTokens: s.m.generationTokens.Load(),
-		Running:          running,
-		Waiting:          waiting,
-		CacheBlocks:      s.cache.Len(),
-		Evictions:        s.cache.Evictions(),
+		Requests:         s.requests.Load(),
+		PromptTokens:     r.PrefixQueries,
+		CachedTokens:     r.PrefixHits,
+		GenerationTokens: r.GenerationTokens,
+		Running:          r.Running,
+		Waiting:          r.Waiting,
+		Handling:         int(s.handling.Load()),
+		CacheBlocks:      r.CachedBlocks,
+		Evictions:        r.Evictions,
 	}
 }
 
@@ -166,28 +177,28 @@ func (s *Server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, bool)
 	return body, true
 }
 
-// run takes a parsed request through queue, prefix cache lookup, prefill, cache insert, decode.
+// run takes a parsed request through the engine: queue, prefix cache lookup at admission,
+// prefill in the engine's steps, decode; a decode worker of prefill/decode disaggregation
+// receives the prompt's KV first instead of prefilling it.
 func (s *Server) run(w http.ResponseWriter, r *http.Request, j job) {
 	if j.model != "" && j.model != s.cfg.Model {
 		writeError(w, http.StatusNotFound, fmt.Sprintf("The model `%s` does not exist.", j.model))
 		return
 	}
+	s.handling.Add(1)
+	defer s.handling.Add(-1)
 	p := NewPrompt(j.text, s.cfg.BlockTokens)
 	arrived := time.Now()
-
-	ctx := r.Context()
-	if err := s.slots.acquire(ctx); err != nil {
-		return // the client is gone
+	if c := s.cfg.CapacityBlocks; c > 0 {
+		// The engine drops a request whose prompt and output do not fit in the whole cache,
+		// as vLLM refuses a prompt longer than the model's length.
+		if need := (p.Tokens + j.maxTokens + s.cfg.BlockTokens - 1) / s.cfg.BlockTokens; need > c {
+			writeError(w, http.StatusBadRequest, fmt.Sprintf("%d prompt tokens and %d output tokens need %d KV blocks; the cache holds %d", p.Tokens, j.maxTokens, need, c))
+			return
+		}
 	}
-	defer s.slots.release()
-	kvBlocks := int64((p.Tokens + j.maxTokens + s.cfg.BlockTokens - 1) / s.cfg.BlockTokens)
-	s.m.runningBlocks.Add(kvBlocks)
-	defer s.m.runningBlocks.Add(-kvBlocks)
-
-	clock := newSleeper()
-	defer clock.stop()
-	var cached int
-	var ok bool
+	ctx := r.Context()
+	var pd *pending
 	if s.cfg.Protocol == ProtocolSGLang && s.cfg.Role != RoleAggregated {
 		if err := s.checkSGLang(j); err != nil {
 			s.cfg.Transfers.Refused.Add(1)
@@ -204,8 +215,10 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, j job) {
 				writeError(w, http.StatusBadRequest, err.Error())
 				return
 			}
-			if cached, ok = s.runPrefill(ctx, p, clock); !ok {
+			pd = s.eng.submit(p, 1, false, false, arrived)
+			if !s.eng.wait(ctx, pd, pd.done) {
 				s.cfg.Transfers.abandon(key, e)
+				s.aborted(w, ctx)
 				return
 			}
 			if err := s.cfg.Transfers.handOver(ctx, key, e, s.cfg.BootstrapTimeout); err != nil {
@@ -227,7 +240,7 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, j job) {
 				}
 				return
 			}
-			if cached, ok = s.runTransfer(ctx, p, clock); !ok {
+			if pd = s.transfer(ctx, p, j, arrived); pd == nil {
 				s.cfg.Transfers.abandon(key, e)
 				return
 			}
@@ -236,30 +249,30 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, j job) {
 		}
 	}
 	switch {
-	case s.cfg.Protocol == ProtocolSGLang && s.cfg.Role != RoleAggregated:
+	case pd != nil:
 		// Prefilled or transferred above.
 	case s.cfg.Role == RoleDecode && j.kv != nil && j.kv.DoRemotePrefill:
 		if err := s.takeTransfer(j.kv); err != nil {
 			writeError(w, http.StatusBadRequest, err.Error())
 			return
 		}
-		cached, ok = s.runTransfer(ctx, p, clock)
+		if pd = s.transfer(ctx, p, j, arrived); pd == nil {
+			return
+		}
 	case s.cfg.Role == RoleDecode && j.kv != nil:
 		writeError(w, http.StatusBadRequest, "a decode worker takes do_remote_prefill transfers or whole requests")
 		return
-	default:
-		cached, ok = s.runPrefill(ctx, p, clock)
-	}
-	if !ok {
-		return
-	}
-	if s.cfg.Role == RolePrefill && j.kv != nil && j.kv.DoRemoteDecode {
-		// The prefill leg: one token and the handover, at once.
-		s.m.ttft.observe(time.Since(arrived))
+	case s.cfg.Role == RolePrefill && j.kv != nil && j.kv.DoRemoteDecode:
+		// The prefill leg: one token and the handover.
+		pd = s.eng.submit(p, 1, false, false, arrived)
+		if !s.eng.wait(ctx, pd, pd.done) {
+			s.aborted(w, ctx)
+			return
+		}
 		s.cfg.Transfers.Prefills.Add(1)
 		finish := "length"
 		resp := response{ID: s.responseID(j), Created: time.Now().Unix(), Model: s.cfg.Model,
-			Usage:            &Usage{PromptTokens: p.Tokens, CompletionTokens: 1, TotalTokens: p.Tokens + 1, PromptTokensDetails: PromptTokensDetails{CachedTokens: cached}},
+			Usage:            &Usage{PromptTokens: p.Tokens, CompletionTokens: 1, TotalTokens: p.Tokens + 1, PromptTokensDetails: PromptTokensDetails{CachedTokens: pd.cached}},
 			KVTransferParams: s.prefillAnswer(p.Tokens)}
 		c := choice{FinishReason: &finish}
 		text := "x"
@@ -270,27 +283,32 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, j job) {
 		}
 		resp.Choices = []choice{c}
 		writeJSON(w, http.StatusOK, resp)
-		s.m.requests.Add(1)
+		s.requests.Add(1)
+		return
+	default:
+		pd = s.eng.submit(p, j.maxTokens, false, j.stream, arrived)
+	}
+	if !s.eng.wait(ctx, pd, pd.first) {
+		s.aborted(w, ctx)
 		return
 	}
-	s.m.ttft.observe(time.Since(arrived))
-
 	usage := Usage{
 		PromptTokens:        p.Tokens,
 		CompletionTokens:    j.maxTokens,
 		TotalTokens:         p.Tokens + j.maxTokens,
-		PromptTokensDetails: PromptTokensDetails{CachedTokens: cached},
+		PromptTokensDetails: PromptTokensDetails{CachedTokens: pd.cached},
 	}
 	h := w.Header()
-	h.Set(HeaderCachedTokens, strconv.Itoa(cached))
+	h.Set(HeaderCachedTokens, strconv.Itoa(pd.cached))
 	h.Set(HeaderPromptTokens, strconv.Itoa(p.Tokens))
 	g := generation{
 		job:   j,
 		id:    s.responseID(j),
 		reply: replyText(uint64(p.Tokens)^uint64(len(j.text))<<32, j.maxTokens),
 		usage: usage,
-		clock: clock,
+		pd:    pd,
 	}
+	var ok bool
 	switch {
 	case j.responses && j.stream:
 		ok = s.streamResponses(ctx, w, g)
@@ -302,54 +320,81 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, j job) {
 		ok = s.respond(ctx, w, g)
 	}
 	if ok {
-		s.m.requests.Add(1)
-		s.m.generationTokens.Add(uint64(j.maxTokens))
-		s.m.decodeTime.observe(s.cfg.scaled(time.Duration(max(0, j.maxTokens-1)) * s.cfg.DecodePerToken))
+		s.requests.Add(1)
 	}
 }
 
-// runPrefill waits for the prefill compute, looks the prompt up in the cache (when the
-// prefill starts, as vLLM's scheduler does: a request that waited behind another with the same
-// prefix hits what that one just computed), sleeps for the uncached tokens and inserts the
-// prompt's blocks. It returns the cached tokens, and false when the client went away.
-func (s *Server) runPrefill(ctx context.Context, p Prompt, clock *sleeper) (int, bool) {
-	if err := s.prefill.acquire(ctx); err != nil {
-		return 0, false
+// aborted answers a request the engine dropped before its first token (a restart), unless
+// its client is gone.
+func (s *Server) aborted(w http.ResponseWriter, ctx context.Context) {
+	if ctx.Err() == nil {
+		writeError(w, http.StatusInternalServerError, "the engine restarted and dropped the request")
 	}
-	defer s.prefill.release()
-	cached := s.cache.Lookup(p)
-	s.m.promptTokens.Add(uint64(p.Tokens))
-	s.m.cachedTokens.Add(uint64(cached))
-	d := s.cfg.scaled(time.Duration(p.Tokens-cached) * s.cfg.PrefillPerToken)
-	if !clock.sleep(ctx, d) {
-		return cached, false
-	}
-	s.m.prefillTime.observe(d)
-	s.cache.Insert(p)
-	return cached, true
 }
 
-// runTransfer is a decode worker's prefill for a request a prefill worker computed: the KV of
-// the prompt's tokens it does not hold arrives at TransferPerToken each, without the prefill
-// compute. It returns the tokens it held, and false when the client went away.
-func (s *Server) runTransfer(ctx context.Context, p Prompt, clock *sleeper) (int, bool) {
-	cached := s.cache.Lookup(p)
-	s.m.promptTokens.Add(uint64(p.Tokens))
-	s.m.cachedTokens.Add(uint64(cached))
-	if !clock.sleep(ctx, s.cfg.scaled(time.Duration(p.Tokens-cached)*s.cfg.TransferPerToken)) {
-		return cached, false
+// transfer is a decode worker's request for a prompt a prefill worker computed: the KV of the
+// prompt's tokens it does not hold arrives at TransferPerToken each, then the request joins
+// the batch without a prefill. nil when the client went away.
+func (s *Server) transfer(ctx context.Context, p Prompt, j job, arrived time.Time) *pending {
+	cached := s.eng.lookup(p)
+	t := time.NewTimer(s.cfg.scaled(time.Duration(p.Tokens-cached) * s.cfg.TransferPerToken))
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-ctx.Done():
+		return nil
 	}
-	s.cache.Insert(p)
-	return cached, true
+	return s.eng.submit(p, j.maxTokens, true, j.stream, arrived)
 }
 
-// generation is a request past its prefill: what remains is to send the reply.
+// generation is a request past its first token: what remains is to send the reply.
 type generation struct {
 	job
 	id    string
 	reply string
 	usage Usage
-	clock *sleeper
+	pd    *pending
+}
+
+// group is how many tokens a streamed event carries: tokens generated faster than
+// MinEventInterval (at the engine's decode step of one sequence) are sent together.
+func (s *Server) group() int {
+	perToken := s.Engine().StepTime(0, 1)
+	if perToken > 0 && s.cfg.MinEventInterval > perToken {
+		return int((s.cfg.MinEventInterval + perToken - 1) / perToken)
+	}
+	return 1
+}
+
+// follow calls emit for the output tokens as the engine generates them: the first token
+// alone, then groups of s.group() tokens (the last one shorter). It reports false when the
+// client went away, the engine dropped the request or emit failed.
+func (s *Server) follow(ctx context.Context, g generation, emit func(from, to int) bool) bool {
+	total, group := g.maxTokens, s.group()
+	for sent := 0; sent < total; {
+		next := min(sent+group, total)
+		if sent == 0 {
+			next = 1
+		}
+		if g.pd.want.Store(int64(next)); int(g.pd.gen.Load()) >= next {
+			if !emit(sent, next) {
+				return false
+			}
+			sent = next
+			continue
+		}
+		select {
+		case <-g.pd.tick:
+		case <-g.pd.done:
+			if g.pd.aborted.Load() {
+				return false
+			}
+		case <-ctx.Done():
+			s.eng.abort(g.pd)
+			return false
+		}
+	}
+	return true
 }
 
 func (s *Server) responseID(j job) string {
@@ -365,7 +410,7 @@ func (s *Server) responseID(j job) string {
 
 // respond waits for the whole decode, then writes one JSON response.
 func (s *Server) respond(ctx context.Context, w http.ResponseWriter, g generation) bool {
-	if !g.clock.sleep(ctx, s.cfg.scaled(time.Duration(g.maxTokens-1)*s.cfg.DecodePerToken)) {
+	if !s.eng.wait(ctx, g.pd, g.pd.done) {
 		return false
 	}
 	finish := "length"
@@ -399,7 +444,7 @@ func (s *Server) responsesObject(g generation, status string, text string) respo
 
 // respondResponses waits for the whole decode, then writes one Responses object.
 func (s *Server) respondResponses(ctx context.Context, w http.ResponseWriter, g generation) bool {
-	if !g.clock.sleep(ctx, s.cfg.scaled(time.Duration(g.maxTokens-1)*s.cfg.DecodePerToken)) {
+	if !s.eng.wait(ctx, g.pd, g.pd.done) {
 		return false
 	}
 	writeJSON(w, http.StatusOK, s.responsesObject(g, "incomplete", g.reply))
@@ -431,21 +476,13 @@ func (s *Server) streamResponses(ctx context.Context, w http.ResponseWriter, g g
 	if !send("response.created", map[string]any{"response": s.responsesObject(g, "in_progress", "")}) {
 		return false
 	}
-	perToken := s.cfg.scaled(s.cfg.DecodePerToken)
-	group := 1
-	if perToken > 0 && s.cfg.MinEventInterval > perToken {
-		group = int((s.cfg.MinEventInterval + perToken - 1) / perToken)
-	}
-	start := time.Now()
-	for sent, next := 0, 1; sent < g.maxTokens; next = min(sent+group, g.maxTokens) {
-		if !g.clock.sleep(ctx, time.Until(start.Add(time.Duration(next-1)*perToken))) {
-			return false
-		}
-		delta := g.reply[sent*CharsPerToken : next*CharsPerToken]
-		if !send("response.output_text.delta", map[string]any{"item_id": "msg_" + g.id, "output_index": 0, "content_index": 0, "delta": delta}) {
-			return false
-		}
-		sent = next
+	ok := s.follow(ctx, g, func(from, to int) bool {
+		delta := g.reply[from*CharsPerToken : to*CharsPerToken]
+		return send("response.output_text.delta", map[string]any{"item_id": "msg_" + g.id, "output_index": 0, "content_index": 0, "delta": delta})
+	})
+	if !ok {
+		s.eng.abort(g.pd)
+		return false
 	}
 	return send("response.incomplete", map[string]any{"response": s.responsesObject(g, "incomplete", g.reply)})
 }
@@ -468,29 +505,3 @@ func writeError(w http.ResponseWriter, status int, msg string) {
 	}
 	writeJSON(w, status, e)
 }
-
-// sleeper sleeps on one reusable timer, and wakes early when the request's context ends.
-type sleeper struct{ t *time.Timer }
-
-func newSleeper() *sleeper {
-	t := time.NewTimer(time.Hour)
-	t.Stop()
-	return &sleeper{t: t}
-}
-
-// sleep waits d and reports whether ctx is still alive.
-func (s *sleeper) sleep(ctx context.Context, d time.Duration) bool {
-	if d <= 0 {
-		return ctx.Err() == nil
-	}
-	s.t.Reset(d)
-	select {
-	case <-s.t.C:
-		return true
-	case <-ctx.Done():
-		s.t.Stop()
-		return false
-	}
-}
-
-func (s *sleeper) stop() { s.t.Stop() }

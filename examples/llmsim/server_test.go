@@ -15,7 +15,13 @@ import (
 )
 
 // fast is a config that simulates no time at all.
-var fast = Config{Name: "w", PrefillPerToken: -1, DecodePerToken: -1}
+var fast = Config{Name: "w", StepFixed: -1, PrefillPerToken: -1, PerSeq: -1}
+
+// counts returns the requests running and waiting in s's engine.
+func counts(s *Server) (running, waiting int) {
+	st := s.Stats()
+	return st.Running, st.Waiting
+}
 
 func startServer(t *testing.T, cfg Config) (*Server, *httptest.Server) {
 	t.Helper()
@@ -117,6 +123,10 @@ func chatTextOf(msgs []map[string]string) string {
 	return ChatText(m)
 }
 
+// TestServerEvictsAtCapacity: the engine's cache holds the running requests' blocks and the
+// cached ones in one pool of 8. Each request needs 7 blocks while it runs (97 prompt tokens and
+// 1 output token) and leaves its 6 full prompt blocks cached; admitting one evicts the least
+// recently released unreferenced blocks, a prompt's tail before its head.
 func TestServerEvictsAtCapacity(t *testing.T) {
 	cfg := fast
 	cfg.CapacityBlocks = 8
@@ -124,7 +134,7 @@ func TestServerEvictsAtCapacity(t *testing.T) {
 	a := blocksText("a", 6) + "?"
 	b := blocksText("b", 6) + "?"
 	cachedOf := func(prompt string) int {
-		r := decode[chatResponse](t, post(t, ts.URL+"/v1/completions", map[string]any{"prompt": prompt}))
+		r := decode[chatResponse](t, post(t, ts.URL+"/v1/completions", map[string]any{"prompt": prompt, "max_tokens": 1}))
 		return r.Usage.PromptTokensDetails.CachedTokens
 	}
 	steps := []struct {
@@ -133,29 +143,36 @@ func TestServerEvictsAtCapacity(t *testing.T) {
 	}{
 		{a, 0},
 		{a, 6 * 16},
-		{b, 0},      // evicts a's tail
-		{a, 2 * 16}, // a's head survived
-		{b, 2 * 16},
+		{b, 0},  // needs 7 blocks, 2 free: evicts a's last 5
+		{a, 16}, // a's head survived; its 6 new blocks evict b's last 5
+		{b, 16},
 	}
 	for i, st := range steps {
 		if got := cachedOf(st.prompt); got != st.want {
 			t.Errorf("step %d: cached %d, want %d", i, got, st.want)
 		}
 	}
-	if st := s.Stats(); st.CacheBlocks != 8 || st.Evictions == 0 || st.Requests != 5 {
-		t.Errorf("stats %+v", st)
+	if st := s.Stats(); st.CacheBlocks != 7 || st.Evictions != 15 || st.Requests != 5 {
+		t.Errorf("stats %+v, want 7 blocks cached, 15 evicted, 5 requests", st)
 	}
 	s.Reset()
 	if got := cachedOf(a); got != 0 {
 		t.Errorf("after Reset: cached %d", got)
 	}
+	// A request that cannot fit in the whole cache is refused, as vLLM refuses a prompt
+	// longer than the model's length.
+	resp := post(t, ts.URL+"/v1/completions", map[string]any{"prompt": blocksText("c", 8), "max_tokens": 1})
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusBadRequest {
+		t.Errorf("a request of 9 blocks on a cache of 8: status %d, want 400", resp.StatusCode)
+	}
 }
 
 func TestQueueWhenSlotsAreFull(t *testing.T) {
-	cfg := Config{Name: "q", Slots: 1, PrefillPerToken: -1, DecodePerToken: 50 * time.Millisecond}
+	cfg := Config{Name: "q", Slots: 1, PrefillPerToken: -1, StepFixed: 50 * time.Millisecond, PerSeq: -1}
 	s, ts := startServer(t, cfg)
-	// The first request holds the slot for a second (20 decode steps), long enough for the
-	// second to arrive and be seen waiting on a loaded machine; the second takes 200 ms.
+	// The first request holds the slot for a second (21 steps of 50 ms), long enough for the
+	// second to arrive and be seen waiting on a loaded machine; the second takes 250 ms.
 	bodies := []map[string]any{{"prompt": "hello", "max_tokens": 21}, {"prompt": "hello", "max_tokens": 5}}
 	var wg sync.WaitGroup
 	durations := make([]time.Duration, 2)
@@ -169,11 +186,11 @@ func TestQueueWhenSlotsAreFull(t *testing.T) {
 	waitCounts := func(running, waiting int) {
 		t.Helper()
 		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(2 * time.Millisecond) {
-			if r, w := s.slots.counts(); r == running && w == waiting {
+			if r, w := counts(s); r == running && w == waiting {
 				return
 			}
 			if time.Now().After(deadline) {
-				r, w := s.slots.counts()
+				r, w := counts(s)
 				t.Fatalf("running %d waiting %d, want %d and %d", r, w, running, waiting)
 			}
 		}
@@ -188,41 +205,34 @@ func TestQueueWhenSlotsAreFull(t *testing.T) {
 			m["vllm:num_requests_running"], m["vllm:num_requests_waiting"])
 	}
 	wg.Wait()
-	if durations[1] < 1000*time.Millisecond+200*time.Millisecond-10*time.Millisecond {
+	if durations[1] < 1050*time.Millisecond+250*time.Millisecond-10*time.Millisecond {
 		t.Errorf("second request done after %v: it did not wait for the first (%v)", durations[1], durations[0])
 	}
 }
 
+// TestPrefillsShareCompute: prefill is compute-bound: two prompts sent together take the time
+// of both, whether the engine computes them in one step (its token budget allows both) or one
+// after the other (the second arrives during the first's step and waits for the next one).
 func TestPrefillsShareCompute(t *testing.T) {
-	// A prefill takes 500 ms, so that the two cases stay apart (one prefill's time) while a
+	// A prefill takes 500 ms, so that the answer stays apart from one prefill's time while a
 	// loaded machine delays the requests by up to 400 ms.
-	tests := []struct {
-		prefillSlots int
-		wantSecond   time.Duration // TTFT of the second of two concurrent 100-token prefills
-	}{
-		{1, 1000 * time.Millisecond},
-		{2, 500 * time.Millisecond},
-	}
-	for _, tt := range tests {
-		t.Run(fmt.Sprint(tt.prefillSlots), func(t *testing.T) {
-			cfg := Config{PrefillSlots: tt.prefillSlots, PrefillPerToken: 5 * time.Millisecond, DecodePerToken: -1}
-			_, ts := startServer(t, cfg)
-			var wg sync.WaitGroup
-			took := make([]time.Duration, 2)
-			for i := range 2 {
-				wg.Go(func() {
-					start := time.Now()
-					prompt := strings.Repeat(fmt.Sprint(i), 400) // 100 tokens, nothing shared
-					decode[chatResponse](t, post(t, ts.URL+"/v1/completions", map[string]any{"prompt": prompt, "max_tokens": 1}))
-					took[i] = time.Since(start)
-				})
-			}
-			wg.Wait()
-			slowest := max(took[0], took[1])
-			if slowest < tt.wantSecond-5*time.Millisecond || slowest > tt.wantSecond+400*time.Millisecond {
-				t.Errorf("slower request took %v, want about %v", slowest, tt.wantSecond)
-			}
+	const wantSecond = 1000 * time.Millisecond // the slower of two concurrent 100-token prefills
+	cfg := Config{PrefillPerToken: 5 * time.Millisecond, StepFixed: -1, PerSeq: -1}
+	_, ts := startServer(t, cfg)
+	var wg sync.WaitGroup
+	took := make([]time.Duration, 2)
+	for i := range 2 {
+		wg.Go(func() {
+			start := time.Now()
+			prompt := strings.Repeat(fmt.Sprint(i), 400) // 100 tokens, nothing shared
+			decode[chatResponse](t, post(t, ts.URL+"/v1/completions", map[string]any{"prompt": prompt, "max_tokens": 1}))
+			took[i] = time.Since(start)
 		})
+	}
+	wg.Wait()
+	slowest := max(took[0], took[1])
+	if slowest < wantSecond-5*time.Millisecond || slowest > wantSecond+400*time.Millisecond {
+		t.Errorf("slower request took %v, want about %v", slowest, wantSecond)
 	}
 }
 
@@ -236,7 +246,7 @@ func TestStreamEventsAreFlushed(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.path, func(t *testing.T) {
-			cfg := Config{Name: "s", PrefillPerToken: -1, DecodePerToken: 200 * time.Millisecond, MinEventInterval: -1}
+			cfg := Config{Name: "s", PrefillPerToken: -1, StepFixed: 200 * time.Millisecond, PerSeq: -1, MinEventInterval: -1}
 			_, ts := startServer(t, cfg)
 			body := map[string]any{"max_tokens": 4, "stream": true, "stream_options": map[string]any{"include_usage": true},
 				"prompt": "hello there", "messages": []map[string]string{msg("user", "hello there")}}
@@ -263,7 +273,7 @@ func TestStreamEventsAreFlushed(t *testing.T) {
 				}
 				events = append(events, data)
 			}
-			// The decode of the 3 tokens after the first takes 600ms: the first event must
+			// The 3 decode steps after the first token take 600ms: the first event must
 			// arrive long before the end, not buffered with the rest. Measured from the end,
 			// not from the start, which a loaded machine delays as much as the first event.
 			elapsed := time.Since(start)
@@ -319,7 +329,7 @@ func TestStreamEventsAreFlushed(t *testing.T) {
 }
 
 func TestStreamGroupsTokens(t *testing.T) {
-	cfg := Config{PrefillPerToken: -1, DecodePerToken: time.Millisecond, MinEventInterval: 10 * time.Millisecond}
+	cfg := Config{PrefillPerToken: -1, StepFixed: time.Millisecond, PerSeq: -1, MinEventInterval: 10 * time.Millisecond}
 	_, ts := startServer(t, cfg)
 	resp := post(t, ts.URL+"/v1/completions", map[string]any{"prompt": "x", "max_tokens": 41, "stream": true})
 	b, _ := io.ReadAll(resp.Body)
@@ -469,7 +479,7 @@ func TestEndpoints(t *testing.T) {
 }
 
 func TestConcurrentRequests(t *testing.T) {
-	cfg := Config{Name: "c", Slots: 4, CapacityBlocks: 64, PrefillPerToken: time.Microsecond, DecodePerToken: 100 * time.Microsecond}
+	cfg := Config{Name: "c", Slots: 4, CapacityBlocks: 64, PrefillPerToken: time.Microsecond, StepFixed: 100 * time.Microsecond}
 	s, ts := startServer(t, cfg)
 	var wg sync.WaitGroup
 	for i := range 40 {
@@ -494,13 +504,13 @@ func TestConcurrentRequests(t *testing.T) {
 }
 
 func TestClientGoneWhileQueued(t *testing.T) {
-	cfg := Config{Slots: 1, PrefillPerToken: -1, DecodePerToken: 20 * time.Millisecond}
+	cfg := Config{Slots: 1, PrefillPerToken: -1, StepFixed: 20 * time.Millisecond, PerSeq: -1}
 	s, ts := startServer(t, cfg)
 	go func() {
 		resp := post(t, ts.URL+"/v1/completions", map[string]any{"prompt": "a", "max_tokens": 10})
 		resp.Body.Close()
 	}()
-	for r, _ := s.slots.counts(); r == 0; r, _ = s.slots.counts() {
+	for r, _ := counts(s); r == 0; r, _ = counts(s) {
 		time.Sleep(time.Millisecond)
 	}
 	client := &http.Client{Timeout: 30 * time.Millisecond}
@@ -509,12 +519,12 @@ func TestClientGoneWhileQueued(t *testing.T) {
 	}
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		if r, w := s.slots.counts(); r == 0 && w == 0 {
+		if r, w := counts(s); r == 0 && w == 0 {
 			break
 		}
 		if time.Now().After(deadline) {
-			r, w := s.slots.counts()
-			t.Fatalf("slots not released: running %d waiting %d", r, w)
+			r, w := counts(s)
+			t.Fatalf("requests left in the engine: running %d waiting %d", r, w)
 		}
 		time.Sleep(5 * time.Millisecond)
 	}

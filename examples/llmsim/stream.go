@@ -10,9 +10,10 @@ import (
 // stream sends the reply as server-sent events the way vLLM does: for chat a first chunk with
 // the assistant role, then content chunks, the last one with finish_reason; when the request
 // asked for stream_options.include_usage, a final chunk with no choices and the usage; then
-// "data: [DONE]". Every event is flushed. The first token goes out right after prefill (that is
-// the time to first token), the others every DecodePerToken, grouped so that events are at
-// least MinEventInterval apart.
+// "data: [DONE]". Every event is flushed. The first token goes out at the engine step that
+// ends the prefill (that is the time to first token), the others as the engine's decode steps
+// make them, grouped so that events are at least MinEventInterval apart at one sequence's
+// decode step.
 func (s *Server) stream(ctx context.Context, w http.ResponseWriter, g generation) bool {
 	rc := http.NewResponseController(w)
 	h := w.Header()
@@ -50,30 +51,21 @@ func (s *Server) stream(ctx context.Context, w http.ResponseWriter, g generation
 		return rc.Flush() == nil
 	}
 
-	perToken := s.cfg.scaled(s.cfg.DecodePerToken)
-	group := 1
-	if perToken > 0 && s.cfg.MinEventInterval > perToken {
-		group = int((s.cfg.MinEventInterval + perToken - 1) / perToken)
-	}
 	finish := "length"
-	start := time.Now()
 	if g.chat && !send(chunk(&chatMessage{Role: "assistant"}, "", nil)) {
+		s.eng.abort(g.pd)
 		return false
 	}
-	// Token i (0-based) is ready at start + i*perToken; an event carries the tokens ready.
-	for sent, next := 0, 1; sent < g.maxTokens; next = min(sent+group, g.maxTokens) {
-		if !g.clock.sleep(ctx, time.Until(start.Add(time.Duration(next-1)*perToken))) {
-			return false
-		}
+	// An event carries the tokens the engine generated since the last one.
+	if !s.follow(ctx, g, func(from, to int) bool {
 		var fin *string
-		if next == g.maxTokens {
+		if to == g.maxTokens {
 			fin = &finish
 		}
-		text := g.reply[sent*CharsPerToken : next*CharsPerToken]
-		if !send(chunk(nil, text, fin)) {
-			return false
-		}
-		sent = next
+		return send(chunk(nil, g.reply[from*CharsPerToken:to*CharsPerToken], fin))
+	}) {
+		s.eng.abort(g.pd)
+		return false
 	}
 	if g.includeUsage {
 		if !send(response{ID: g.id, Object: object, Created: created, Model: s.cfg.Model,

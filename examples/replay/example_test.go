@@ -13,7 +13,7 @@ import (
 // reference. Here the replay goes to one worker directly; the demo sends it to Caddy, in front
 // of all the workers.
 func Example() {
-	cfg := llmsim.Config{CapacityBlocks: 256, PrefillPerToken: -1, DecodePerToken: -1} // no waiting
+	cfg := llmsim.Config{CapacityBlocks: 256, StepFixed: -1, PrefillPerToken: -1, PerSeq: -1} // no waiting
 	fleet, err := llmsim.StartFleet(2, cfg, 0)
 	if err != nil {
 		panic(err)

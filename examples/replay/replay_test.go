@@ -75,7 +75,7 @@ func (f *fleet) reset() {
 }
 
 // fast simulates no time, so that tests run at the speed of the loopback.
-var fast = llmsim.Config{PrefillPerToken: -1, DecodePerToken: -1}
+var fast = llmsim.Config{StepFixed: -1, PrefillPerToken: -1, PerSeq: -1}
 
 var smallChat = workload.ChatConfig{Conversations: 8, SystemPrompts: 2, Turns: 4, Seed: 3}
 
@@ -86,12 +86,13 @@ func TestOneWorkerReachesReference(t *testing.T) {
 		stream   bool
 	}{
 		{"no eviction", 1 << 16, true},
-		{"eviction", 80, true},
-		{"eviction, not streamed", 80, false},
+		{"eviction", 120, true},
+		{"eviction, not streamed", 120, false},
 	}
 	w := workload.ChatWorkload(smallChat)
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
+			// 120 blocks hold the largest request (111 blocks, prompt and output).
 			cfg := fast
 			cfg.CapacityBlocks = tt.capacity
 			f := startFleet(t, 1, cfg)
@@ -104,9 +105,13 @@ func TestOneWorkerReachesReference(t *testing.T) {
 			if res.Errors != 0 || res.Requests != w.Calls() {
 				t.Fatalf("%d requests, %d errors: %v", res.Requests, res.Errors, res.ErrorSamples)
 			}
-			// One worker replaying the same prompts in the same order is the reference cache.
-			if res.HitRatio != res.ReferenceHitRatio || res.HitRatio == 0 {
-				t.Errorf("hit ratio %v, reference %v: want equal and positive", res.HitRatio, res.ReferenceHitRatio)
+			// One worker replaying the same prompts in the same order is the reference cache
+			// without eviction. With eviction its KV cache holds the running request's blocks
+			// beside the cached ones (the engine's, as vLLM's) where the reference LRU of the
+			// same size holds cached blocks only: it hits no more than the reference, and
+			// something.
+			if res.HitRatio == 0 || (tt.capacity > 1000 && res.HitRatio != res.ReferenceHitRatio) || res.HitRatio > res.ReferenceHitRatio {
+				t.Errorf("hit ratio %v, reference %v: want equal without eviction, positive and at most the reference with", res.HitRatio, res.ReferenceHitRatio)
 			}
 			if tt.capacity > 1000 && res.ReferenceHitRatio != res.InfiniteHitRatio {
 				t.Errorf("reference %v != infinite %v without eviction", res.ReferenceHitRatio, res.InfiniteHitRatio)
@@ -251,7 +256,7 @@ func TestOpenLoop(t *testing.T) {
 }
 
 func TestInterrupted(t *testing.T) {
-	cfg := llmsim.Config{PrefillPerToken: -1, DecodePerToken: 20 * time.Millisecond}
+	cfg := llmsim.Config{PrefillPerToken: -1, StepFixed: 20 * time.Millisecond, PerSeq: -1}
 	f := startFleet(t, 1, cfg)
 	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
 	defer cancel()

@@ -127,6 +127,17 @@ type Options struct {
 	// candidate in the band with a free slot when that one's predicted TTFT plus what the move
 	// forfeits is lower (decision thresholds; decision cost prices the slot wait itself).
 	SlotMove bool
+	// SpeedRank: decision thresholds sees a slower engine (more than SlowFactor times slower
+	// than the fastest candidate in both learned prefill and decode speed). Its
+	// least-busy choices and the prefix step's ties weigh a candidate's busyness, the request's
+	// own included, by its slowdown, and a session, imbalance or prefix choice on a slower
+	// engine moves to the least busy candidate in the band (so weighed, a free slot first)
+	// when that one is faster.
+	SpeedRank bool
+	// FullStay: when every candidate's batch is full (SlotRank's full), decision thresholds
+	// skips the imbalance step: a move off a warm engine onto another full batch waits there
+	// as well and gives up the prefix.
+	FullStay bool
 	// Rand is the source of the random choices among ties (and of fallback random); nil is
 	// the global source. A simulator passes a seeded one: the same seed, the same decisions.
 	// A *rand.Rand is not safe for concurrent use: Caddy leaves it nil.
@@ -283,6 +294,12 @@ func Decide(o *Options, s *Snapshot) Result {
 	d := decision{o: o, req: &s.Request, now: s.Now, cands: cands}
 	d.band = d.bandOf()
 	cost := o.Rule == Cost
+	if o.FullStay && !cost && d.band.overflow && d.allFull() {
+		d.band.overflow = false
+	}
+	if o.SpeedRank && !cost {
+		d.fastest()
+	}
 	d.predict()
 	if cost {
 		d.band.cost, d.band.best, d.band.slack = true, d.bestTTFT(), o.TTFTSlack
@@ -328,6 +345,11 @@ func Decide(o *Options, s *Snapshot) Result {
 			res.Chosen = i
 		}
 	}
+	if o.SpeedRank && !cost && res.Path != PathFallback && res.Chosen >= 0 && !cands[res.Chosen].StoredResponse {
+		if i := d.slowMove(res.Chosen); i >= 0 {
+			res.Chosen = i
+		}
+	}
 	return res
 }
 
@@ -362,9 +384,58 @@ func (d *decision) bySlots(idx []int, inBand bool) int {
 		if d.full(c) {
 			full = 1
 		}
-		t.Offer(i, full, busyness(c), float64(placement(c).CachedTokens))
+		t.Offer(i, full, d.slowBusyness(c), float64(placement(c).CachedTokens))
 	}
 	return t.Best()
+}
+
+// slowBusyness is c's busyness for the least-busy choices: with SpeedRank, its busyness and
+// the request's own times its Slowdown.
+func (d *decision) slowBusyness(c *Candidate) float64 {
+	if !d.o.SpeedRank {
+		return busyness(c)
+	}
+	return (busyness(c) + energy.Busyness(1, d.req.PromptTokens)) * d.slowdown(c)
+}
+
+// fastest notes the candidates' fastest learned prefill speed and decode speed (the latter
+// while its reading stands), for slowdown.
+func (d *decision) fastest() {
+	for i := range d.cands {
+		c := &d.cands[i]
+		d.fastPrefill = max(d.fastPrefill, c.PrefillSpeed)
+		if d.fresh(c) {
+			d.fastDecode = max(d.fastDecode, c.DecodeSpeed)
+		}
+	}
+}
+
+// slowdown is c's slowdown against the fastest candidates noted.
+func (d *decision) slowdown(c *Candidate) float64 {
+	return slowdown(c, d.fastPrefill, d.fastDecode, d.fresh(c))
+}
+
+// SlowFactor: an engine is slower when it is more than SlowFactor times slower than the
+// fastest candidate in both prefill and decode speed. A busy engine of the same kind seems
+// slower in one of the two (a large batch lowers the decode speed per request, chunked
+// prefills mixed with decodes the prefill speed), rarely in both: in the fleet simulator's
+// homogeneous mooncake-80 and mooncake-closed-16, 15 and 36 of 1,500 decisions (seed 1) saw an
+// engine more than 3× slower in both, none more than 3.5× (the 4-slot fleet: 15). A slower machine is slower in both: on chat-slow-half-80 (two engines
+// 4× slower) the learned ratios were 4.5× in prefill and 7-10× in decode, and 3.5 instead of
+// 3 left 99 of 2,000 decisions blind to them (issue 34, docs/simulator.md).
+const SlowFactor = 3.0
+
+// slowdown is how many times slower c is than the fastest prefill and decode speeds fp and fd:
+// the lesser of the two ratios, 1 when that is within SlowFactor or either speed is not
+// learned (fresh: c's reading stands).
+func slowdown(c *Candidate, fp, fd float64, fresh bool) float64 {
+	if !(c.PrefillSpeed > 0) || !(c.DecodeSpeed > 0) || !fresh {
+		return 1
+	}
+	if k := min(fp/c.PrefillSpeed, fd/c.DecodeSpeed); k > SlowFactor {
+		return k
+	}
+	return 1
 }
 
 // freeMove returns, when cands[i]'s batch is full, the candidate in the band with a free
@@ -385,6 +456,21 @@ func (d *decision) freeMove(i int) int {
 	return j
 }
 
+// slowMove returns, when cands[i] is slower (SpeedRank), the least busy candidate in the band
+// (weighed by slowdown, a free slot first) when it is faster and not full where cands[i] is
+// not, or -1 to keep the request on cands[i].
+func (d *decision) slowMove(i int) int {
+	k := d.slowdown(&d.cands[i])
+	if k <= 1 {
+		return -1
+	}
+	j := d.bySlots(nil, true)
+	if j < 0 || j == i || d.slowdown(&d.cands[j]) >= k || (d.full(&d.cands[j]) && !d.full(&d.cands[i])) {
+		return -1
+	}
+	return j
+}
+
 // decision is one run of Decide.
 type decision struct {
 	o     *Options
@@ -392,6 +478,18 @@ type decision struct {
 	now   int64
 	cands []Candidate
 	band  band
+	// fastPrefill, fastDecode: the candidates' fastest learned speeds (SpeedRank).
+	fastPrefill, fastDecode float64
+}
+
+// allFull reports whether every candidate's batch is full.
+func (d *decision) allFull() bool {
+	for i := range d.cands {
+		if !d.full(&d.cands[i]) {
+			return false
+		}
+	}
+	return true
 }
 
 // bound returns the candidate the session is bound to, or -1.
@@ -488,7 +586,7 @@ func (d *decision) longest(inBand bool) int {
 	t := energy.Ranking{Rand: d.o.Rand}
 	for i := range d.cands {
 		if c := &d.cands[i]; c.Match > 0 && (!inBand || d.inBand(c)) {
-			t.Offer(i, -float64(c.Match), c.Adapter, busyness(c))
+			t.Offer(i, -float64(c.Match), c.Adapter, d.slowBusyness(c))
 		}
 	}
 	return t.Best()

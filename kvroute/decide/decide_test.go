@@ -258,10 +258,13 @@ func TestDecideAllocatesNothing(t *testing.T) {
 	for i := range profs {
 		profs[i] = joule(float64(10 + i))
 	}
-	for _, o := range []Options{thresholds(), costOpts(), {Rule: Cost, Objective: Carbon, BalanceAbs: 4, BalanceRel: 1.5}} {
+	for _, o := range []Options{thresholds(), costOpts(), {Rule: Cost, Objective: Carbon, BalanceAbs: 4, BalanceRel: 1.5}, DefaultOptions()} {
 		allocs := testing.AllocsPerRun(100, func() {
 			for i := range cands {
-				cands[i] = Candidate{Key: i, Load: int64(i % 3), Match: 100 * (i % 4), Profile: profs[i], Prefill: int64(100 * i)}
+				// Kvroute's defaults see slots and speeds: every other engine 4× slower.
+				speed := float64(1 + 3*(i%2))
+				cands[i] = Candidate{Key: i, Load: int64(i % 3), Match: 100 * (i % 4), Profile: profs[i], Prefill: int64(100 * i),
+					ReadingUntil: 2, Slots: 2, PrefillSpeed: 16000 / speed, DecodeSpeed: 200 / speed}
 			}
 			s := Snapshot{Now: 1, Request: req(1000), Candidates: Filter(cands)}
 			Decide(&o, &s)

@@ -22,7 +22,10 @@ const (
 )
 
 // Speed is a speed learned as the median of its latest SpeedWindow samples, once there are
-// MinSpeedSamples. The zero value is ready.
+// MinSpeedSamples. The zero value is ready. Not safe for concurrent use, Value included: it
+// sorts in the Speed's own scratch (to allocate nothing), so even two readers race. kvroute
+// calls every method under its upstream's learn mutex and publishes the figures atomically
+// for the request path; the simulator runs on one goroutine.
 type Speed struct {
 	w    [SpeedWindow]float64 // oldest first
 	n    int

@@ -80,6 +80,13 @@ var chunks = sync.Pool{New: func() any { return new(chunk) }}
 // the new body before it is read reuses what is buffered instead of copying it. Held returns
 // what was read, for Body.Attempt.
 func ReadBody(r *http.Request, max int64) (prefix []byte, truncated bool, err error) {
+	return ReadBodyInto(r, max, nil)
+}
+
+// ReadBodyInto is ReadBody with the Body's storage given: into, when not nil, is a zero Body
+// that becomes the one Held returns (a caller allocates it with what it keeps of the request;
+// it must not be copied). When ReadBody already read r.Body, into is left alone.
+func ReadBodyInto(r *http.Request, max int64, into *Body) (prefix []byte, truncated bool, err error) {
 	if r.Body == nil || r.Body == http.NoBody {
 		return nil, false, nil
 	}
@@ -91,15 +98,19 @@ func ReadBody(r *http.Request, max int64) (prefix []byte, truncated bool, err er
 			return prefix, truncated, rd.b.err
 		}
 	}
-	b := read(r.Body, max)
+	if into == nil {
+		into = new(Body)
+	}
+	b := read(r.Body, max, r.ContentLength, into)
 	b.first.b = b
 	r.Body = &b.first
 	prefix, truncated = b.prefix(max)
 	return prefix, truncated, b.err
 }
 
-// read reads up to max+1 bytes of body.
-func read(body io.ReadCloser, max int64) *Body {
+// read reads up to max+1 bytes of body into b and returns b. declared is the body's length as
+// the request states it (-1: unknown).
+func read(body io.ReadCloser, max, declared int64, b *Body) *Body {
 	limit := int64(math.MaxInt64) // max+1 bytes tell whether the body is longer than max
 	if max < limit {
 		limit = max + 1
@@ -109,7 +120,24 @@ func read(body io.ReadCloser, max int64) *Body {
 	cur, used := chunks.Get().(*chunk), 0
 	var total int64
 	var err error
-	for empty := 0; total < limit; {
+	if 0 < declared && declared < limit && declared < chunkSize {
+		// A body that states a length below a chunk's is read straight into a buffer of that
+		// length (no more memory than a chunk while it waits, and no copy out of one); one
+		// that turns out longer goes on in chunks.
+		buf, e, more := readDeclared(body, int(declared))
+		if !more {
+			chunks.Put(cur)
+			b.buf, b.rest, b.whole = buf, body, e == io.EOF
+			if e != io.EOF {
+				b.err = e
+			}
+			return b
+		}
+		used = copy(cur[:], buf)
+		total = int64(used)
+		err = e
+	}
+	for empty := 0; err == nil && total < limit; {
 		if used == chunkSize {
 			full = append(full, cur)
 			cur, used = chunks.Get().(*chunk), 0
@@ -138,11 +166,49 @@ func read(body io.ReadCloser, max int64) *Body {
 	}
 	buf = append(buf, cur[:used]...)
 	chunks.Put(cur)
-	b := &Body{buf: buf, rest: body, whole: err == io.EOF}
+	b.buf, b.rest, b.whole = buf, body, err == io.EOF
 	if err != io.EOF {
 		b.err = err
 	}
 	return b
+}
+
+// readDeclared reads a body that states its length, n bytes, into a buffer of that length. It
+// returns what it read and how reading ended: io.EOF at the body's end, another error when the
+// body failed; more when the body holds more than n bytes (buf then holds n+1 of them, and
+// read goes on in chunks unless the error ended it). A body that ends early gets a buffer of
+// its length.
+func readDeclared(body io.Reader, n int) (buf []byte, err error, more bool) {
+	buf = make([]byte, n, n+1)
+	buf0 := buf
+	got := 0
+	for empty := 0; ; {
+		var k int
+		if got < n {
+			k, err = body.Read(buf[got:n])
+		} else {
+			// As long as stated: one byte more, or the end, tells whether it is longer.
+			k, err = body.Read(buf[n : n+1])
+		}
+		got += k
+		if got > n {
+			return buf[:got], err, true
+		}
+		if err != nil {
+			break
+		}
+		if k > 0 {
+			empty = 0
+		} else if empty++; empty >= 100 {
+			err = io.ErrNoProgress
+			break
+		}
+	}
+	if got < n {
+		buf = make([]byte, got) // never held larger than the body
+		copy(buf, buf0[:got])
+	}
+	return buf[:got:got], err, false
 }
 
 // Body is what ReadBody read of a request body: its first bytes and, when it stopped before

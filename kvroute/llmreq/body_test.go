@@ -73,6 +73,10 @@ func TestReadBody(t *testing.T) {
 		{"one byte reads", 3 * max, -1, 1, max, true},
 		{"content length too small", 2 * max, 10, 0, max, true},
 		{"content length too large", 10, 1 << 40, 0, 10, false},
+		{"content length a little too large", 10, 500, 0, 10, false},
+		{"content length one short", 12, 11, 0, 12, false},
+		{"content length, reads of 7", 900, -2, 7, 900, false},
+		{"content length too small, one byte reads", 2 * max, 10, 1, max, true},
 		{"huge unknown", 1 << 20, -1, 0, max, true},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
@@ -155,17 +159,20 @@ func TestReadBodyError(t *testing.T) {
 	data := payload(500)
 	for _, tt := range []struct {
 		name          string
-		max           int64
+		max, cl       int64
 		wantErr       error
 		wantTruncated bool
 	}{
-		{"before max", 1000, boom, true},
-		{"after max", 100, nil, true}, // the prefix is whole; the error waits for the proxy
+		{"before max", 1000, -1, boom, true},
+		{"before max, length stated", 1000, 500, boom, true},
+		{"before max, length stated too short", 1000, 300, boom, true},
+		{"after max", 100, -1, nil, true}, // the prefix is whole; the error waits for the proxy
+		{"after max, length stated", 100, 500, nil, true},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			src := &source{data: bytes.Clone(data), chunk: 64, err: boom}
 			r := httptest.NewRequest(http.MethodPost, "/", nil)
-			r.Body, r.ContentLength = src, -1
+			r.Body, r.ContentLength = src, tt.cl
 
 			prefix, truncated, err := ReadBody(r, tt.max)
 			if err != tt.wantErr || truncated != tt.wantTruncated {
@@ -445,7 +452,7 @@ func TestBodyAttemptAfterFailedDial(t *testing.T) {
 // TestReadBodyMemoryFollowsBytes: a client that declares 4 MiB and sends 12 bytes costs 12
 // bytes, not the declared length.
 func TestReadBodyMemoryFollowsBytes(t *testing.T) {
-	for _, cl := range []int64{4 << 20, -1} {
+	for _, cl := range []int64{4 << 20, 1000, -1} {
 		r := httptest.NewRequest(http.MethodPost, "/", nil)
 		r.Body = io.NopCloser(io.MultiReader(strings.NewReader(`{"model":"m"`), iotest.ErrReader(io.ErrUnexpectedEOF)))
 		r.ContentLength = cl
@@ -516,5 +523,28 @@ func TestRoutable(t *testing.T) {
 	r.Header.Set("Content-Type", "application/json; charset=utf-8")
 	if n := testing.AllocsPerRun(100, func() { Routable(r) }); n != 0 {
 		t.Errorf("Routable allocates %v times", n)
+	}
+}
+
+// TestReadBodyInto: the Body given is the one Held returns, and the body reads back whole;
+// a body read already keeps its Body.
+func TestReadBodyInto(t *testing.T) {
+	data := payload(3000)
+	r := httptest.NewRequest(http.MethodPost, "/", nil)
+	r.Body, r.ContentLength = &source{data: bytes.Clone(data), chunk: 100}, int64(len(data))
+	var into Body
+	prefix, truncated, err := ReadBodyInto(r, 1000, &into)
+	if err != nil || !truncated || !bytes.Equal(prefix, data[:1000]) {
+		t.Fatalf("ReadBodyInto = %d bytes, %v, %v; want the first 1000, true, nil", len(prefix), truncated, err)
+	}
+	if Held(r) != &into {
+		t.Fatal("Held is not the Body given")
+	}
+	var other Body
+	if _, _, err := ReadBodyInto(r, 1000, &other); err != nil || Held(r) != &into {
+		t.Fatalf("read again: %v, Held changed: %v", err, Held(r) != &into)
+	}
+	if got, err := io.ReadAll(r.Body); err != nil || !bytes.Equal(got, data) {
+		t.Fatalf("restored body: %d bytes, %v; want the %d original bytes", len(got), err, len(data))
 	}
 }

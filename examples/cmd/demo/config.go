@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kvroute/caddy-kvroute/examples/llmsim"
 	"github.com/kvroute/caddy-kvroute/examples/replay"
 	"github.com/kvroute/caddy-kvroute/examples/workload"
 )
@@ -18,12 +19,15 @@ var errHelp = flag.ErrHelp
 
 // Per-workload defaults (examples/README.md, "Fleet sizes"). The chat workload is
 // workload.DefaultChat (64 conversations of 8 turns over 8 system prompts) in closed loop with
-// 16 clients: about 20 s per policy through Caddy, and a fleet of 4 × 256 blocks whose one
-// fleet-sized LRU hits about 0.41-0.50 against 0.85 for an infinite cache, so placement
-// matters. The Mooncake trace runs open loop, ten times faster than recorded, on workers ten
-// times faster than real, each with 65,536 blocks.
+// 16 clients: about 20 s per policy through Caddy. Its workers' KV cache holds the running
+// requests and the prefix cache in one pool (vLLM's, and the fleet simulator's engine): 1,024
+// blocks each, the 256 blocks of a prefix cache whose fleet-sized LRU hits about 0.41-0.50
+// against 0.85 for an infinite cache, so that placement matters, beside a full batch of 8
+// requests of 96 blocks (the mean prompt is 1,606 tokens, the mean answer 125). The Mooncake
+// trace runs open loop, ten times faster than recorded, on workers ten times faster than real,
+// each with 65,536 blocks.
 const (
-	chatBlocksPerWorker     = workload.ChatFleetBlocks / 4
+	chatBlocksPerWorker     = workload.ChatFleetBlocks/4 + llmsim.DefaultSlots*96
 	mooncakeBlocksPerWorker = workload.MooncakeFleetBlocks / 4
 	mooncakeSpeed           = 10
 	mooncakeTimeScale       = 0.1
@@ -35,9 +39,10 @@ type config struct {
 	caddy    string
 	fleet    string // sim | llmd
 	workers  int
-	blocks   int     // KV blocks per worker; 0: the workload's default
-	speed    float64 // simulated worker speed; 0: the workload's default
-	policies string  // comma list; empty: all available
+	blocks   int         // KV blocks per worker; 0: the workload's default
+	engine   engineFlags // sim fleet: the engine's parameters besides blocks
+	speed    float64     // simulated worker speed; 0: the workload's default
+	policies string      // comma list; empty: all available
 	repeats  int
 
 	kind          string // chat | mooncake | a flow workload (flowWorkloads)
@@ -100,7 +105,13 @@ func parseFlags(args []string) (*config, error) {
 	fs.StringVar(&cfg.caddy, "caddy", "", "Caddy binary with kvroute built in (required; ./xcaddy.sh build makes ./caddy, ./xcaddy.sh demo makes ./caddy-demo with the peer policies)")
 	fs.StringVar(&cfg.fleet, "fleet", "sim", "worker fleet: sim (our simulator, in process), llmd (llm-d-inference-sim processes, built on first use) or ollama (real Ollama engines serving a tiny model, CPU-only: examples/ollama, built on first use)")
 	fs.IntVar(&cfg.workers, "workers", 4, "workers in the fleet")
-	fs.IntVar(&cfg.blocks, "cache-blocks", 0, fmt.Sprintf("prefix cache per worker in 16-token blocks (default: chat %d, mooncake %d)", chatBlocksPerWorker, mooncakeBlocksPerWorker))
+	fs.IntVar(&cfg.blocks, "cache-blocks", 0, fmt.Sprintf("KV cache per worker in blocks, running requests and prefix cache together as in vLLM (default: chat %d, mooncake %d)", chatBlocksPerWorker, mooncakeBlocksPerWorker))
+	fs.IntVar(&cfg.engine.maxNumSeqs, "max-num-seqs", llmsim.DefaultSlots, "sim fleet: requests in a worker's batch at most (vLLM's max_num_seqs; the fleet simulator's engine.Config.MaxNumSeqs)")
+	fs.IntVar(&cfg.engine.maxBatchTokens, "max-batch-tokens", llmsim.DefaultMaxBatchTokens, "sim fleet: tokens per engine step (max_num_batched_tokens): a decode takes one, prefills the rest, in chunks")
+	fs.IntVar(&cfg.engine.blockTokens, "block-tokens", llmsim.DefaultBlockTokens, "sim fleet: KV block size in tokens")
+	fs.DurationVar(&cfg.engine.stepFixed, "step-fixed", llmsim.DefaultStepFixed, "sim fleet: fixed part of an engine step (a step lasts step-fixed + prefill-per-token × its prefill tokens + per-seq × its sequences, divided by -speed; -slow's workers × -slow-factor)")
+	fs.DurationVar(&cfg.engine.prefillPerToken, "prefill-per-token", llmsim.DefaultPrefillPerToken, "sim fleet: engine step time per prefill token")
+	fs.DurationVar(&cfg.engine.perSeq, "per-seq", llmsim.DefaultPerSeq, "sim fleet: engine step time per sequence in the step")
 	fs.Float64Var(&cfg.speed, "speed", 0, fmt.Sprintf("sim fleet: simulated time runs this many times faster (default: chat 1, mooncake %d)", mooncakeSpeed))
 	fs.StringVar(&cfg.policies, "policies", "", "comma list of policies to run (kv_cache_aware, round_robin, least_conn, random, header, sglang_cache_aware, prefix_hash, and the variants kv_cost, kv_thresholds and kv_energy: kv_cache_aware with decision cost, decision thresholds, or decision cost with objective energy (see -energy); kv_cache_aware or a variant followed by a colon and Caddyfile lines separated by semicolons adds them to its block, each in place of a line there (or from -kv-options) that sets the same option, to compare settings in one run (e.g. kv_cost,kv_cost:ttft_slack 1, quoted for the shell); none: skip the comparison); default: all the Caddy binary has but the variants")
 	fs.IntVar(&cfg.repeats, "repeats", 1, "run each policy N times and report the mean and the min-max of hit ratio and imbalance")
@@ -277,7 +288,22 @@ func (c *config) finish() error {
 	if c.blocks < 1 || c.speed <= 0 || c.timeScale <= 0 {
 		return errors.New("-cache-blocks, -speed and -time-scale must be positive")
 	}
+	if e := c.engine; e.maxNumSeqs < 1 || e.maxBatchTokens < 1 || e.blockTokens < 1 || e.stepFixed < 0 || e.prefillPerToken < 0 || e.perSeq < 0 {
+		return errors.New("-max-num-seqs, -max-batch-tokens and -block-tokens must be positive, -step-fixed, -prefill-per-token and -per-seq at least 0")
+	}
 	return nil
+}
+
+// engineFlags are the sim fleet's engine parameters (llmsim.Config, the fleet simulator's
+// engine.Config).
+type engineFlags struct {
+	maxNumSeqs, maxBatchTokens, blockTokens int
+	stepFixed, prefillPerToken, perSeq      time.Duration
+}
+
+func (e engineFlags) String() string {
+	return fmt.Sprintf("max_num_seqs %d, max_batch_tokens %d, block %d tokens, step %v + %v/prefill token + %v/seq",
+		e.maxNumSeqs, e.maxBatchTokens, e.blockTokens, e.stepFixed, e.prefillPerToken, e.perSeq)
 }
 
 // splitOptions splits "-kv-options" into Caddyfile lines (on ";" and newlines).
@@ -349,6 +375,7 @@ type params struct {
 	Workers         int      `json:"workers"`
 	BlocksPerWorker int      `json:"blocks_per_worker"`
 	Speed           float64  `json:"speed,omitempty"`
+	Engine          string   `json:"engine,omitempty"` // sim fleet: the engine's parameters
 	Workload        string   `json:"workload"`
 	Conversations   int      `json:"conversations,omitempty"`
 	Turns           int      `json:"turns,omitempty"`
@@ -378,6 +405,7 @@ func (c *config) params() params {
 	}
 	if c.fleet == "sim" {
 		p.Speed = c.speed
+		p.Engine = c.engine.String()
 	}
 	for _, e := range c.energy {
 		p.Energy = append(p.Energy, e.String())

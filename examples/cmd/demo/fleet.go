@@ -52,18 +52,35 @@ func startFleet(ctx context.Context, cfg *config) (fleet, error) {
 type simFleet struct{ *llmsim.Fleet }
 
 // startSimFleet starts the workers on free ports, named worker-0, worker-1, ... as
-// llmsim.StartFleet names them; -slow's workers take their per-token times × -slow-factor.
+// llmsim.StartFleet names them, each running the engine the flags describe; -slow's workers
+// take every part of their step time × -slow-factor (as the fleet simulator's slowed engines).
 func startSimFleet(cfg *config) (*simFleet, error) {
 	f := &simFleet{&llmsim.Fleet{}}
+	e := cfg.engine
+	if e == (engineFlags{}) {
+		e = engineFlags{llmsim.DefaultSlots, llmsim.DefaultMaxBatchTokens, llmsim.DefaultBlockTokens,
+			llmsim.DefaultStepFixed, llmsim.DefaultPrefillPerToken, llmsim.DefaultPerSeq}
+	}
+	// llmsim takes zero for its default and a negative time for none.
+	none := func(d time.Duration) time.Duration {
+		if d <= 0 {
+			return -1
+		}
+		return d
+	}
 	for i := range cfg.workers {
 		k := cfg.slowdown(i)
 		w, err := llmsim.StartWorker("127.0.0.1:0", llmsim.Config{
 			Name:            fmt.Sprintf("worker-%d", i),
 			Model:           workload.DefaultChat.Model,
 			CapacityBlocks:  cfg.blocks,
+			BlockTokens:     e.blockTokens,
+			Slots:           e.maxNumSeqs,
+			MaxBatchTokens:  e.maxBatchTokens,
 			Speed:           cfg.speed,
-			PrefillPerToken: time.Duration(k * float64(llmsim.DefaultPrefillPerToken)),
-			DecodePerToken:  time.Duration(k * float64(llmsim.DefaultDecodePerToken)),
+			StepFixed:       none(time.Duration(k * float64(e.stepFixed))),
+			PrefillPerToken: none(time.Duration(k * float64(e.prefillPerToken))),
+			PerSeq:          none(time.Duration(k * float64(e.perSeq))),
 		})
 		if err != nil {
 			f.Close()
@@ -77,8 +94,10 @@ func startSimFleet(cfg *config) (*simFleet, error) {
 func (f *simFleet) PrefillSpeeds() []float64 {
 	out := make([]float64, len(f.Workers))
 	for i, w := range f.Workers {
-		c := w.Config()
-		out[i] = c.Speed / c.PrefillPerToken.Seconds()
+		// The engine's durations are divided by the speed already.
+		if p := w.Engine().PerPrefillToken; p > 0 {
+			out[i] = 1 / p.Seconds()
+		}
 	}
 	return out
 }

@@ -33,6 +33,12 @@ const (
 // where ours makes one of 4), and a fleet LRU that still hits well below an infinite cache
 // (Estimate with llmdPrompt: 0.39 at 192 blocks, 0.51 at 256, 0.81 at 384; infinite 0.85).
 const (
+	// The timings llm-d's workers have been measured with (docs/benchmarks.md): 50µs per
+	// uncached prompt token, 2ms per output token (our simulator's before it ran the fleet
+	// simulator's engine model).
+	llmdPrefillPerToken = 50 * time.Microsecond
+	llmdInterToken      = 2 * time.Millisecond
+
 	llmdChatBlocks = 320
 	llmdChatSlots  = 2
 	llmdSlots      = 8
@@ -75,12 +81,11 @@ func startLLMDFleet(ctx context.Context, cfg *config) (*llmdFleet, error) {
 		"--max-num-seqs", strconv.Itoa(slots), "--max-model-len", "1048576", "--max-request-body-size-mb", "64",
 	}
 	for i := range cfg.workers {
-		// The same timings as our simulator: 50µs per uncached prompt token, 2ms per output
-		// token; -slow's workers -slow-factor times those.
+		// -slow's workers -slow-factor times the timings.
 		k := cfg.slowdown(i)
-		prefill := scale(time.Duration(k * float64(llmsim.DefaultPrefillPerToken)))
+		prefill := scale(time.Duration(k * float64(llmdPrefillPerToken)))
 		f.perWorker = append(f.perWorker, []string{"--prefill-time-per-token", prefill,
-			"--inter-token-latency", scale(time.Duration(k * float64(llmsim.DefaultDecodePerToken)))})
+			"--inter-token-latency", scale(time.Duration(k * float64(llmdInterToken)))})
 		d, err := time.ParseDuration(prefill)
 		if err != nil {
 			return nil, err

@@ -58,7 +58,8 @@ func TestCompareTelemetryPolicies(t *testing.T) {
 }
 
 // TestSimFleetSlowAndRestart: on real loopback workers, -slow's workers prefill slower by the
-// factor (their own /metrics say so, as kvroute reads them), and Restart empties w0 and puts
+// factor (their own /metrics say so, as kvroute reads them: a prompt's tokens over its prefill
+// step, the engine's fixed and per-sequence parts included), and Restart empties w0 and puts
 // its totals back to zero with a new start time, which kvroute reads as a restart.
 func TestSimFleetSlowAndRestart(t *testing.T) {
 	cfg := &config{workers: 3, slow: 1, slowFactor: 4, blocks: 64, speed: 1}
@@ -68,8 +69,8 @@ func TestSimFleetSlowAndRestart(t *testing.T) {
 	}
 	defer f.Close()
 	speeds := f.PrefillSpeeds()
-	if speeds[0] != 20000 || speeds[1] != 20000 || speeds[2] != 5000 {
-		t.Fatalf("configured prefill speeds %v, want 20000 20000 5000", speeds)
+	if near := func(a, b float64) bool { return math.Abs(a-b) < 1e-6*b }; !near(speeds[0], 25000) || !near(speeds[1], 25000) || !near(speeds[2], 6250) {
+		t.Fatalf("configured prefill speeds %v, want 25000 25000 6250 (40µs per token, 160µs)", speeds)
 	}
 	prompt := strings.Repeat("the quick brown fox jumps over the lazy dog ", 40)
 	for i, w := range f.Workers {
@@ -77,8 +78,9 @@ func TestSimFleetSlowAndRestart(t *testing.T) {
 		postCompletion(t, w.URL, prompt)
 		after := readWorker(t, w.URL)
 		d := telemetry.Diff(&before, &after)
-		if got := d.ComputedTokens / d.PrefillSeconds; math.Abs(got-speeds[i]) > 1e-6*speeds[i] {
-			t.Errorf("w%d: %v tokens in %vs = %v tokens/s of prefill, want %v", i, d.ComputedTokens, d.PrefillSeconds, got, speeds[i])
+		want := d.ComputedTokens / w.Engine().StepTime(int(d.ComputedTokens), 1).Seconds()
+		if got := d.ComputedTokens / d.PrefillSeconds; math.Abs(got-want) > 1e-6*want {
+			t.Errorf("w%d: %v tokens in %vs = %v tokens/s of prefill, want %v", i, d.ComputedTokens, d.PrefillSeconds, got, want)
 		}
 	}
 	before := readWorker(t, f.Workers[0].URL)

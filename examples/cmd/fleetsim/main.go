@@ -28,7 +28,7 @@ func main() {
 	def := flag.String("default", "", "the decision kvroute's kv_cache_aware runs: thresholds or cost (default: kvroute's own default)")
 	list := flag.Bool("list", false, "list the scenarios and exit")
 	slots := flag.Int("slots", 0, "with -diagnose: run every engine with this many batch slots (max_num_seqs) instead of the scenario's")
-	tune := flag.String("options", "", "change the decision's options of kvroute's policies (an experiment: -diagnose's and the card's), comma-separated: cache_threshold=X, balance_abs=N, balance_rel=X, on_imbalance=least_busy|prefix_in_band, fallback=joule|least_busy|round_robin|random, slot_rank=0|1, slot_move=0|1; late binding: queue_timeout=SECONDS (0: off), hold_margin=N (hold when every engine runs its learned slots + N); kv_flow (the flow-control scenarios' policy): hold_margin, flow_spread=N (a request may go to an engine up to N beyond full)")
+	tune := flag.String("options", "", "change the decision's options of kvroute's policies (an experiment: -diagnose's and the card's), comma-separated: cache_threshold=X, balance_abs=N, balance_rel=X, on_imbalance=least_busy|prefix_in_band, fallback=joule|least_busy|round_robin|random, slot_rank=0|1, slot_move=0|1, speed_rank=0|1, full_stay=0|1; late binding: queue_timeout=SECONDS (0: off), hold_margin=N (hold when every engine runs its learned slots + N); kv_flow (the flow-control scenarios' policy): hold_margin, flow_spread=N (a request may go to an engine up to N beyond full)")
 	diagnose := flag.Bool("diagnose", false, "instead of the card: diagnose kvroute's decisions (kv_thresholds, kv_cost) on the chosen scenarios and seeds: per decision path, how often a full engine was chosen while another was free")
 	requests := flag.Int("requests", 0, "cap every scenario's requests (a quick look; the card's figures are for the full counts)")
 	only := flag.String("policies", "", "run only the policies whose name matches this regular expression (with -compare's -base, a card of kvroute's policies alone can be judged)")
@@ -183,6 +183,10 @@ func parseTune(spec string) (func(*fleetsim.KVSettings), error) {
 			sets = append(sets, func(o *fleetsim.KVSettings) { o.HoldMargin = int64(num) })
 		case k == "flow_spread" && numErr == nil:
 			sets = append(sets, func(o *fleetsim.KVSettings) { o.FlowSpread = int64(num) })
+		case k == "speed_rank" && numErr == nil:
+			sets = append(sets, func(o *fleetsim.KVSettings) { o.Options.SpeedRank = num != 0 })
+		case k == "full_stay" && numErr == nil:
+			sets = append(sets, func(o *fleetsim.KVSettings) { o.Options.FullStay = num != 0 })
 		case k == "slot_move" && numErr == nil:
 			sets = append(sets, func(o *fleetsim.KVSettings) { o.Options.SlotMove = num != 0 })
 		case k == "on_imbalance" && (v == "least_busy" || v == "prefix_in_band"):

@@ -1,5 +1,5 @@
-// Command llmsim runs simulated OpenAI-compatible LLM workers with a vLLM-like prefix cache
-// (see package examples/llmsim).
+// Command llmsim runs simulated OpenAI-compatible LLM workers: the fleet simulator's engine
+// model (vLLM's scheduler and prefix cache) on the wall clock (see package examples/llmsim).
 //
 //	llmsim -addr 127.0.0.1:8001 -n 4 -capacity 16384
 //
@@ -33,12 +33,13 @@ func run() error {
 	n := flag.Int("n", 1, "number of workers")
 	flag.StringVar(&cfg.Name, "name", llmsim.DefaultName, "worker name, reported in X-Kvsim-Worker; with -n > 1, worker i is <name>-<i>")
 	flag.StringVar(&cfg.Model, "model", llmsim.DefaultModel, "model served; requests naming another model get 404")
-	flag.IntVar(&cfg.CapacityBlocks, "capacity", llmsim.DefaultCapacityBlocks, "prefix cache capacity per worker, in blocks (negative: unlimited)")
+	flag.IntVar(&cfg.CapacityBlocks, "capacity", llmsim.DefaultCapacityBlocks, "KV cache per worker, in blocks: running requests and the prefix cache share it (vLLM's num_gpu_blocks; negative: unlimited)")
 	flag.IntVar(&cfg.BlockTokens, "block", llmsim.DefaultBlockTokens, "KV cache block size, in tokens (1 token = 4 chars)")
-	flag.IntVar(&cfg.Slots, "slots", llmsim.DefaultSlots, "batch slots: requests running at once; others queue FIFO")
-	flag.IntVar(&cfg.PrefillSlots, "prefill-slots", llmsim.DefaultPrefillSlots, "prefills computed at once (they share the accelerator's compute)")
-	flag.DurationVar(&cfg.PrefillPerToken, "prefill", llmsim.DefaultPrefillPerToken, "prefill time per uncached prompt token (negative: none)")
-	flag.DurationVar(&cfg.DecodePerToken, "decode", llmsim.DefaultDecodePerToken, "decode time per output token (negative: none)")
+	flag.IntVar(&cfg.Slots, "slots", llmsim.DefaultSlots, "batch slots (vLLM's max_num_seqs): requests running at once; others queue FIFO")
+	flag.IntVar(&cfg.MaxBatchTokens, "max-batch-tokens", llmsim.DefaultMaxBatchTokens, "tokens per engine step (max_num_batched_tokens): a decode takes one, prefills the rest, in chunks")
+	flag.DurationVar(&cfg.StepFixed, "step-fixed", llmsim.DefaultStepFixed, "fixed part of an engine step (negative: none)")
+	flag.DurationVar(&cfg.PrefillPerToken, "prefill", llmsim.DefaultPrefillPerToken, "engine step time per prefill token (negative: none)")
+	flag.DurationVar(&cfg.PerSeq, "per-seq", llmsim.DefaultPerSeq, "engine step time per sequence in the step (negative: none)")
 	flag.Float64Var(&cfg.Speed, "speed", 1, "divide every simulated time by this factor")
 	flag.IntVar(&cfg.DefaultMaxTokens, "max-tokens", llmsim.DefaultMaxTokens, "output tokens of a request without max_tokens")
 	flag.DurationVar(&cfg.MinEventInterval, "event-interval", llmsim.DefaultMinEventInterval, "least time between two streamed events (negative: one event per token)")

@@ -37,7 +37,8 @@ type Config struct {
 	// Negative means unlimited.
 	MaxLoras int
 	// A step lasts StepFixed + PerPrefillToken × prefill tokens in the step + PerSeq ×
-	// sequences scheduled in the step.
+	// sequences scheduled in the step. Zero takes the default, negative means none (a real-time
+	// engine that simulates no time at all, for tests).
 	StepFixed       time.Duration
 	PerPrefillToken time.Duration
 	PerSeq          time.Duration
@@ -75,16 +76,21 @@ func (c Config) withDefaults() Config {
 	if c.MaxLoras == 0 {
 		c.MaxLoras = DefaultMaxLoras
 	}
-	if c.StepFixed == 0 {
-		c.StepFixed = DefaultStepFixed
-	}
-	if c.PerPrefillToken == 0 {
-		c.PerPrefillToken = DefaultPerPrefillToken
-	}
-	if c.PerSeq == 0 {
-		c.PerSeq = DefaultPerSeq
-	}
+	c.StepFixed = orDefault(c.StepFixed, DefaultStepFixed)
+	c.PerPrefillToken = orDefault(c.PerPrefillToken, DefaultPerPrefillToken)
+	c.PerSeq = orDefault(c.PerSeq, DefaultPerSeq)
 	return c
+}
+
+// orDefault maps zero to def and a negative duration to none.
+func orDefault(d, def time.Duration) time.Duration {
+	switch {
+	case d == 0:
+		return def
+	case d < 0:
+		return 0
+	}
+	return d
 }
 
 // StepTime is the duration of a step that prefills prefillTokens tokens with seqs sequences in
@@ -106,6 +112,11 @@ type Request struct {
 	Output int
 	// Adapter is the LoRA adapter, "" for the base model.
 	Adapter string
+	// Remote: the prompt's KV was computed by another engine and transferred here (a decode
+	// engine of prefill/decode disaggregation). Once admitted, the request computes only its
+	// prompt's last token (which samples its first output token) and caches the prompt's
+	// blocks as if it had computed them. The transfer's time is the caller's, before Submit.
+	Remote bool
 }
 
 // Event is what a step produced for one request.
@@ -152,7 +163,9 @@ type Reading struct {
 	KVUsage        float64
 	CapacityBlocks int
 	BlockTokens    int
-	Started        time.Duration
+	// CachedBlocks is the blocks the prefix cache's index holds, in use or not.
+	CachedBlocks int
+	Started      time.Duration
 	// Counters.
 	PromptTokens     uint64
 	GenerationTokens uint64
@@ -234,6 +247,7 @@ func (e *Engine) Reading() Reading {
 	r.CapacityBlocks = e.cfg.CapacityBlocks
 	r.BlockTokens = e.cfg.BlockTokens
 	r.Evictions = e.cache.evictions
+	r.CachedBlocks = e.cache.size()
 	if e.cfg.CapacityBlocks > 0 {
 		r.KVUsage = float64(e.cache.referenced+e.private) / float64(e.cfg.CapacityBlocks)
 	}
@@ -409,6 +423,9 @@ func (e *Engine) schedule(now time.Duration, events []Event) []Event {
 		s.hashed = hit
 		s.cached = hit * e.cfg.BlockTokens
 		s.computed = s.cached
+		if r.Remote {
+			s.computed = max(s.computed, r.Tokens-1)
+		}
 		s.admitted = now
 		e.reading.PrefixQueries += uint64(r.Tokens)
 		e.reading.PrefixHits += uint64(s.cached)
@@ -445,6 +462,34 @@ func (e *Engine) makeRoom(n int) bool {
 		free++
 	}
 	return true
+}
+
+// Abort drops r from the engine, as an engine drops a request whose client went away: from the
+// waiting queue, or from the batch, its blocks released (those it computed stay cached). The
+// running step keeps its end. It reports whether r was in the engine.
+func (e *Engine) Abort(r *Request) bool {
+	for i, s := range e.waiting {
+		if s.req == r {
+			e.waiting = append(e.waiting[:i], e.waiting[i+1:]...)
+			return true
+		}
+	}
+	for i, s := range e.running {
+		if s.req == r {
+			e.release(s)
+			e.running = append(e.running[:i], e.running[i+1:]...)
+			return true
+		}
+	}
+	return false
+}
+
+// Generated calls f with each running request and the output tokens it has generated so far
+// (0 while its prompt is being prefilled), in batch order: what a real-time server streams.
+func (e *Engine) Generated(f func(r *Request, tokens int)) {
+	for _, s := range e.running {
+		f(s.req, s.generated)
+	}
 }
 
 // Queued returns the requests in the engine: running and waiting.

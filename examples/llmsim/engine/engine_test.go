@@ -285,3 +285,78 @@ func TestPredictTTFT(t *testing.T) {
 		})
 	}
 }
+
+// Abort: a waiting request leaves the queue; a running one leaves the batch, its computed
+// blocks cached, and the request behind it is admitted at the next step.
+//
+//	0.0 ms  A and B admitted (2 seqs), C waits; A aborted mid-step
+//	1.6 ms  B's first token (the step keeps its end); C admitted: 1 + 0.2 + 0.2 = 1.4 ms
+//	3.0 ms  C's first token, B finishes (2 tokens)
+func TestAbort(t *testing.T) {
+	e := New(testConfig(), 0)
+	a, b, c, d := req(1, 20, 3, 1, 2, 3, 4, 5), req(2, 20, 2), req(3, 20, 2), req(4, 20, 2)
+	for _, r := range []*Request{a, b, c, d} {
+		e.Submit(r, 0)
+	}
+	e.Advance(0)
+	if !e.Abort(d) || !e.Abort(a) || e.Abort(a) {
+		t.Fatal("Abort: want true for a waiting and a running request, false for one gone")
+	}
+	if r := e.Reading(); r.Running != 1 || r.Waiting != 1 || r.KVUsage != 6.0/1000 {
+		t.Errorf("after the aborts: running %d waiting %d usage %v, want 1, 1 and B's 6 blocks", r.Running, r.Waiting, r.KVUsage)
+	}
+	check(t, run(t, e, nil), []string{
+		"1.6ms first-token 2(0)",
+		"3ms finished 2(0)",
+		"3ms first-token 3(0)",
+		"4.1ms finished 3(0)",
+	})
+	// A computed nothing before it left: none of its blocks is cached.
+	if got := e.Lookup(req(5, 21, 1, 1, 2, 3, 4, 5)); got != 0 {
+		t.Errorf("A's prompt hits %d tokens after A was aborted before its step ended, want 0", got)
+	}
+}
+
+// A remote request (its KV transferred from a prefill engine) computes only its last prompt
+// token, and its blocks are cached as if computed here; Generated follows the decode.
+//
+//	0.0 ms  R admitted: 1 prefill token, 1 seq: 1 + 0.01 + 0.1 = 1.11 ms
+//	1.11 ms R's first token; decode steps of 1.1 ms
+//	3.31 ms R finishes (3 tokens)
+func TestRemote(t *testing.T) {
+	e := New(testConfig(), 0)
+	r := req(1, 20, 3, 1, 2, 3, 4, 5)
+	r.Remote = true
+	e.Submit(r, 0)
+	e.Advance(0)
+	var seen []int
+	for e.Busy() {
+		evs, _ := e.Advance(e.StepEnd())
+		for _, ev := range evs {
+			seen = append(seen, -int(ev.Kind))
+		}
+		e.Generated(func(q *Request, n int) {
+			if q == r {
+				seen = append(seen, n)
+			}
+		})
+		if !e.Busy() && e.Reading().Finished == 1 && e.StepEnd() != 3310*us {
+			t.Errorf("finished at %v, want 3.31ms", e.StepEnd())
+		}
+	}
+	if want := []int{-int(FirstToken), 1, 2, -int(Finished)}; !slices.Equal(seen, want) {
+		t.Errorf("events and generated counts %v, want %v", seen, want)
+	}
+	if got := e.Lookup(req(2, 21, 1, 1, 2, 3, 4, 5)); got != 20 {
+		t.Errorf("the transferred prompt hits %d tokens, want 20 (its 5 blocks)", got)
+	}
+	if rd := e.Reading(); rd.PrefixQueries != 20 || rd.PrefixHits != 0 || rd.CachedBlocks != 5 {
+		t.Errorf("reading %+v: want 20 queried, 0 hit, 5 blocks cached", rd)
+	}
+}
+
+// Negative step coefficients mean none: a step that takes no time.
+func TestNoTime(t *testing.T) {
+	e := New(Config{StepFixed: -1, PerPrefillToken: -1, PerSeq: -1}, 0)
+	check(t, run(t, e, []sub{{0, req(1, 100, 3)}}), []string{"0s first-token 1(0)", "0s finished 1(0)"})
+}
