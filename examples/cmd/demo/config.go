@@ -118,8 +118,8 @@ func parseFlags(args []string) (*config, error) {
 
 	fs.StringVar(&cfg.kind, "workload", "chat", "workload: chat (synthetic multi-turn conversations), mooncake (the Mooncake trace), or issue 35's flow-control scenarios, as the fleet simulator's: tenants_alone, tenants_flood, priority_alone, priority_flood, tenants (both tenants_*), priority (both priority_*) or flow (all four, then the targets); kv_flow (kv_cache_aware with flow_control) joins the default policies")
 	fs.IntVar(&cfg.flowRequests, "flow-requests", 0, fmt.Sprintf("flow workloads: the first class's requests (light, interactive), a multiple of -turns; the second class sends 10× (heavy) or 2× (batch) as many (default: tenants %d, priority %d)", flowFamilies["tenants"].requests, flowFamilies["priority"].requests))
-	fs.Float64Var(&cfg.capacity, "capacity", 0, "flow workloads: the fleet's capacity in requests per second with no prefix cache, which the classes' rates are fractions of (0: estimated from the sim fleet's per-token times and the workload's mean prompt and output, estimateCapacity; required with another -fleet)")
-	fs.DurationVar(&cfg.slo, "slo", 250*time.Millisecond, "flow workloads: goodput counts the requests answered with a TTFT within this")
+	fs.Float64Var(&cfg.capacity, "capacity", 0, "flow workloads: the fleet's capacity in requests per second with no prefix cache, which the classes' rates are fractions of (0: the fleet simulator's calibration of its chat fleet, whose engine model llmsim runs, × -speed × -workers / 4; required with another -fleet, -slow or engine flags)")
+	fs.DurationVar(&cfg.slo, "slo", 0, "flow workloads: goodput counts the requests answered with a TTFT within this (0: the fleet simulator's chat SLO, 3 × an oracle's TTFT p50 at half its capacity, / -speed)")
 	fs.IntVar(&cfg.chat.Conversations, "conversations", cfg.chat.Conversations, "chat: conversations")
 	fs.IntVar(&cfg.chat.Turns, "turns", cfg.chat.Turns, "chat: user turns per conversation")
 	fs.IntVar(&cfg.chat.SystemPrompts, "system-prompts", cfg.chat.SystemPrompts, "chat: distinct system prompts shared by the conversations")
@@ -228,11 +228,11 @@ func (c *config) finish() error {
 	}
 	if sc, ok := flowWorkloads(c.kind); ok {
 		c.flow = sc
-		if c.capacity < 0 || c.flowRequests < 0 || c.slo <= 0 {
-			return errors.New("-capacity and -flow-requests must be 0 (the default) or positive, -slo positive")
+		if c.capacity < 0 || c.flowRequests < 0 || c.slo < 0 {
+			return errors.New("-capacity, -flow-requests and -slo must be 0 (the default) or positive")
 		}
-		if c.fleet != "sim" && c.capacity == 0 {
-			return errors.New("-workload " + c.kind + " on -fleet " + c.fleet + ": give the fleet's capacity (-capacity requests/s)")
+		if !c.defaultEngine() && c.capacity == 0 {
+			return errors.New("-workload " + c.kind + " on another fleet than the sim's default engines (-fleet, -slow, engine flags): give the fleet's capacity (-capacity requests/s)")
 		}
 		if c.flowRequests > 0 && c.flowRequests < c.chat.Turns {
 			return fmt.Errorf("-flow-requests %d: at least one conversation of %d turns", c.flowRequests, c.chat.Turns)

@@ -3,12 +3,14 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"math"
 	"os"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/kvroute/caddy-kvroute/examples/fleetsim"
@@ -114,39 +116,63 @@ func flowTimeScale(w workload.Workload, rate float64) float64 {
 	return float64(w.Calls()) / span / rate
 }
 
-// estimateCapacity is the requests per second the sim fleet serves of w with no prefix cache,
-// as the simulator calibrates a fleet (cold, every slot busy): each worker prefills one
-// request at a time at its prefill time per token and decodes in its batch slots, so it serves
-// the lesser of 1 / (mean prompt × prefill per token) and slots / (mean prompt × prefill per
-// token + (mean output − 1) × decode per token), at its -speed and -slow factor.
-func (c *config) estimateCapacity(w workload.Workload) float64 {
-	prompt, output := w.Tokens()
-	n := float64(w.Calls())
-	if n == 0 {
-		return 0
+// simChat is the fleet simulator's calibration of its chat fleet (fleetsim.Calibrate on the
+// chat family's first scenario: 4 engines of 8 slots, cold, every slot busy, in virtual time),
+// the fleet its flow scenarios run on: its capacity in requests per second and its SLO.
+var simChat = sync.OnceValues(func() (chatCalibration, error) {
+	for _, sc := range fleetsim.Scenarios() {
+		if sc.Family == "chat" {
+			capacity, slo, err := fleetsim.Calibrate(sc)
+			return chatCalibration{capacity: capacity, slo: slo, engines: len(sc.Engines)}, err
+		}
 	}
-	p, o := float64(prompt)/n, float64(output)/n
-	total := 0.0
-	for i := range c.workers {
-		k := c.slowdown(i) / c.speed
-		prefill := p * k * llmsim.DefaultPrefillPerToken.Seconds()
-		decode := max(0, o-1) * k * llmsim.DefaultDecodePerToken.Seconds()
-		total += min(1/prefill, float64(llmsim.DefaultSlots)/(prefill+decode))
-	}
-	return total
+	return chatCalibration{}, errors.New("the fleet simulator has no chat scenario")
+})
+
+type chatCalibration struct {
+	capacity float64
+	slo      time.Duration
+	engines  int
 }
 
-// flowCapacity is -capacity, or the estimate on the first class's workload of sc's family.
-func (c *config) flowCapacity(sc flowScenario) float64 {
+// defaultEngine reports whether the sim fleet runs llmsim's default engine (the fleet
+// simulator's chat engine, blocks aside) on workers of one speed: the simulator's calibration
+// then holds for it, scaled by -speed and -workers.
+func (c *config) defaultEngine() bool {
+	return c.fleet == "sim" && c.slow == 0 && (c.engine == engineFlags{} || c.engine == defaultEngineFlags())
+}
+
+// defaultEngineFlags are llmsim's engine defaults, as the sim fleet's flags default to them.
+func defaultEngineFlags() engineFlags {
+	return engineFlags{llmsim.DefaultSlots, llmsim.DefaultMaxBatchTokens, llmsim.DefaultBlockTokens,
+		llmsim.DefaultStepFixed, llmsim.DefaultPrefillPerToken, llmsim.DefaultPerSeq}
+}
+
+// flowCapacity is -capacity, or the simulator's calibrated capacity of its chat fleet (llmsim
+// runs the simulator's engine model: the same engines on the wall clock) scaled by -speed and
+// by -workers over its 4 engines.
+func (c *config) flowCapacity() (float64, error) {
 	if c.capacity > 0 {
-		return c.capacity
+		return c.capacity, nil
 	}
-	fam := flowFamilies[sc.Family]
-	n := c.flowRequests
-	if n == 0 {
-		n = fam.requests
+	cal, err := simChat()
+	if err != nil {
+		return 0, err
 	}
-	return c.estimateCapacity(workload.TwoClass(c.chat, n, fam.k, true, fam.first, fam.second))
+	return cal.capacity * c.speed * float64(c.workers) / float64(cal.engines), nil
+}
+
+// flowSLO is -slo, or the simulator's SLO for its chat fleet (3 × the TTFT p50 of an oracle at
+// half its capacity) at -speed.
+func (c *config) flowSLO() (time.Duration, error) {
+	if c.slo > 0 {
+		return c.slo, nil
+	}
+	cal, err := simChat()
+	if err != nil {
+		return 0, err
+	}
+	return time.Duration(float64(cal.slo) / c.speed), nil
 }
 
 // classFigures are one run's figures for a class of requests (or all of them).
@@ -212,7 +238,7 @@ func classSplit(res *replay.Result, classOf map[string]string, slo time.Duration
 				a.ttft = append(a.ttft, r.TTFTMs)
 				a.cached += int64(r.CachedTokens)
 				a.prompt += int64(r.PromptTokens)
-				if r.TTFTMs <= float64(slo.Milliseconds()) {
+				if r.TTFTMs <= float64(slo)/1e6 {
 					a.good++
 				}
 			}
@@ -431,8 +457,15 @@ func runFlow(ctx context.Context, cfg *config, bin *caddyBinary, policies []poli
 	defer fl.Close()
 	fmt.Printf("fleet: %d %s workers at %v, %d KV blocks of %d tokens each (fleet %d)\n",
 		len(fl.Addrs()), fl.Kind(), fl.Addrs(), fl.CapacityBlocks()/len(fl.Addrs()), fl.BlockTokens(), fl.CapacityBlocks())
+	capacity, err := cfg.flowCapacity()
+	if err != nil {
+		return err
+	}
+	slo, err := cfg.flowSLO()
+	if err != nil {
+		return err
+	}
 	for _, sc := range cfg.flow {
-		capacity := cfg.flowCapacity(sc)
 		w, scale := cfg.flowWorkload(sc, capacity)
 		c := *cfg
 		c.timeScale = scale
@@ -446,13 +479,13 @@ func runFlow(ctx context.Context, cfg *config, bin *caddyBinary, policies []poli
 			classOf[s.ID] = s.Class
 		}
 		r := &flowResult{Scenario: sc.Name, Classes: classes, Requests: w.Calls(), CapacityRPS: capacity,
-			FirstClassRPS: fam.load * capacity, TimeScale: scale, SLOMs: float64(cfg.slo.Milliseconds())}
+			FirstClassRPS: fam.load * capacity, TimeScale: scale, SLOMs: float64(slo) / 1e6}
 		fmt.Printf("\n%s: %d sessions, %d calls (%s), open loop at time scale %.3f: %s at %.0f%% of the fleet's %.1f requests/s\n",
 			sc.Name, len(w.Sessions), w.Calls(), strings.Join(classes, " + "), scale, fam.first.Name, 100*fam.load, capacity)
 		b := &bench{cfg: &c, bin: bin, fleet: fl, workload: w}
 		results, err := b.compare(ctx, policies)
 		r.policyResults = results
-		r.Policies = flowPolicies(results, classOf, classes, cfg.slo, cfg.jsonPath != "")
+		r.Policies = flowPolicies(results, classOf, classes, slo, cfg.jsonPath != "")
 		if len(r.Policies) > 0 {
 			out.Flow = append(out.Flow, r)
 			printFlow(os.Stdout, r, cfg.repeats)

@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvroute/caddy-kvroute/examples/fleetsim"
 	"github.com/kvroute/caddy-kvroute/examples/llmsim"
 	"github.com/kvroute/caddy-kvroute/examples/replay"
 	"github.com/kvroute/caddy-kvroute/examples/workload"
@@ -49,7 +50,7 @@ func TestFlowFlags(t *testing.T) {
 	}
 	for _, args := range [][]string{
 		{"-workload", "tenants", "-fleet", "llmd"}, {"-workload", "tenants", "-capacity", "-1"},
-		{"-workload", "flow", "-flow-requests", "4"}, {"-workload", "flow", "-slo", "0s"}, {"-workload", "tenant"},
+		{"-workload", "flow", "-flow-requests", "4"}, {"-workload", "flow", "-slo", "-1s"}, {"-workload", "tenants", "-slow", "1"}, {"-workload", "tenants", "-max-num-seqs", "4"}, {"-workload", "tenant"},
 	} {
 		if _, err := parseFlags(append([]string{"-caddy", "x"}, args...)); err == nil {
 			t.Errorf("%v: accepted", args)
@@ -114,33 +115,39 @@ func TestFlowWorkloadRates(t *testing.T) {
 	}
 }
 
-// TestEstimateCapacity: a worker prefilling 1,500-token prompts at 50 µs a token serves 13.3
-// requests/s when its decodes fit its 8 slots (prefill-bound); with 400-token outputs at 2 ms
-// a token, 8 / (75 ms + 798 ms) = 9.16 (slot-bound); -speed and -slow scale it.
-func TestEstimateCapacity(t *testing.T) {
-	one := func(prompt, output int) workload.Workload {
-		return workload.Workload{Sessions: []workload.Session{{Calls: []workload.Call{
-			{Messages: []workload.Message{{Content: strings.Repeat("x", 4*prompt)}}, MaxTokens: output},
-		}}}}
+// TestFlowCapacity: the classes' rates are fractions of the fleet simulator's calibrated
+// capacity of its chat fleet (llmsim runs its engine model), scaled by -speed and -workers over
+// its 4 engines, and goodput's SLO is the simulator's at -speed; -capacity and -slo override
+// them.
+func TestFlowCapacity(t *testing.T) {
+	var cal fleetsim.Scenario
+	for _, sc := range fleetsim.Scenarios() {
+		if sc.Family == "chat" {
+			cal = *sc
+			break
+		}
 	}
-	cfg, err := parseFlags([]string{"-caddy", "x", "-workload", "tenants", "-workers", "2"})
+	want, wantSLO, err := fleetsim.Calibrate(&cal)
+	if err != nil || len(cal.Engines) != 4 || cal.Engines[0].MaxNumSeqs != llmsim.DefaultSlots {
+		t.Fatalf("the simulator's chat fleet: %d engines, %+v, %v", len(cal.Engines), cal.Engines, err)
+	}
+	cfg, err := parseFlags([]string{"-caddy", "x", "-workload", "tenants", "-workers", "2", "-speed", "0.5"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	near := func(got, want float64) bool { return math.Abs(got/want-1) < 1e-9 }
-	if got := cfg.estimateCapacity(one(1500, 100)); !near(got, 2/0.075) {
-		t.Errorf("prefill-bound: %g, want %g", got, 2/0.075)
+	got, err := cfg.flowCapacity()
+	if err != nil || math.Abs(got/(want*0.5*2/4)-1) > 1e-12 {
+		t.Errorf("capacity %g (%v), want %g × 0.5 × 2/4", got, err, want)
 	}
-	if got := cfg.estimateCapacity(one(1500, 400)); !near(got, 2*8/(0.075+0.798)) {
-		t.Errorf("slot-bound: %g, want %g", got, 2*8/(0.075+0.798))
+	if slo, err := cfg.flowSLO(); err != nil || slo != 2*wantSLO {
+		t.Errorf("SLO %v (%v), want 2 × %v", slo, err, wantSLO)
 	}
-	cfg.speed, cfg.slow, cfg.slowFactor = 0.5, 1, 4
-	if got := cfg.estimateCapacity(one(1500, 100)); !near(got, 0.5/0.075+0.5/0.3) {
-		t.Errorf("speed 0.5, one worker 4× slower: %g, want %g", got, 0.5/0.075+0.5/0.3)
-	}
-	cfg.capacity = 12
-	if got := cfg.flowCapacity(cfg.flow[0]); got != 12 {
+	cfg.capacity, cfg.slo = 12, time.Second
+	if got, _ := cfg.flowCapacity(); got != 12 {
 		t.Errorf("-capacity 12: %g", got)
+	}
+	if slo, _ := cfg.flowSLO(); slo != time.Second {
+		t.Errorf("-slo 1s: %v", slo)
 	}
 }
 
