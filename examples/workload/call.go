@@ -51,6 +51,9 @@ type Call struct {
 type Session struct {
 	ID    string
 	Calls []Call
+	// Class names the class of clients the session belongs to in a workload of several
+	// (TwoClass: "light", "heavy", ...); "" in a workload of one.
+	Class string
 }
 
 // Workload is a named set of sessions.

@@ -46,7 +46,7 @@ type config struct {
 	policies string      // comma list; empty: all available
 	repeats  int
 
-	kind          string // chat | mooncake
+	kind          string // chat | mooncake | a flow workload (flowWorkloads)
 	chat          workload.ChatConfig
 	sessionHeader bool
 	concurrency   int
@@ -84,6 +84,16 @@ type config struct {
 	outageAt   time.Duration
 	late       time.Duration // -late-replica: 0 off
 
+	// The flow workloads (issue 35, flow.go): the scenarios -workload names, the first class's
+	// requests (0: the family's default), the fleet's capacity in requests per second (0:
+	// estimated from the sim fleet's per-token times) and goodput's TTFT bound.
+	flow         []flowScenario
+	flowRequests int
+	capacity     float64
+	slo          time.Duration
+	keepRecords  bool // every run keeps its records (the flow workloads split them by class)
+	maxInFlight  int  // open loop: calls in flight at most (0: the replay's 256)
+
 	jsonPath string
 	report   string
 	llmdBin  string
@@ -108,7 +118,10 @@ func parseFlags(args []string) (*config, error) {
 	fs.StringVar(&cfg.policies, "policies", "", "comma list of policies to run (kv_cache_aware, round_robin, least_conn, random, header, sglang_cache_aware, prefix_hash, and the variants kv_cost, kv_thresholds and kv_energy: kv_cache_aware with decision cost, decision thresholds, or decision cost with objective energy (see -energy); kv_cache_aware or a variant followed by a colon and Caddyfile lines separated by semicolons adds them to its block, each in place of a line there (or from -kv-options) that sets the same option, to compare settings in one run (e.g. kv_cost,kv_cost:ttft_slack 1, quoted for the shell); none: skip the comparison); default: all the Caddy binary has but the variants")
 	fs.IntVar(&cfg.repeats, "repeats", 1, "run each policy N times and report the mean and the min-max of hit ratio and imbalance")
 
-	fs.StringVar(&cfg.kind, "workload", "chat", "workload: chat (synthetic multi-turn conversations) or mooncake (the Mooncake trace)")
+	fs.StringVar(&cfg.kind, "workload", "chat", "workload: chat (synthetic multi-turn conversations), mooncake (the Mooncake trace), or issue 35's flow-control scenarios, as the fleet simulator's: tenants_alone, tenants_flood, priority_alone, priority_flood, tenants (both tenants_*), priority (both priority_*) or flow (all four, then the targets); kv_flow (kv_cache_aware with flow_control) joins the default policies")
+	fs.IntVar(&cfg.flowRequests, "flow-requests", 0, fmt.Sprintf("flow workloads: the first class's requests (light, interactive), a multiple of -turns; the second class sends 10× (heavy) or 2× (batch) as many (default: tenants %d, priority %d)", flowFamilies["tenants"].requests, flowFamilies["priority"].requests))
+	fs.Float64Var(&cfg.capacity, "capacity", 0, "flow workloads: the fleet's capacity in requests per second with no prefix cache, which the classes' rates are fractions of (0: the fleet simulator's calibration of its chat fleet, whose engine model llmsim runs, × -speed × -workers / 4; required with another -fleet, -slow or engine flags)")
+	fs.DurationVar(&cfg.slo, "slo", 0, "flow workloads: goodput counts the requests answered with a TTFT within this (0: the fleet simulator's chat SLO, 3 × an oracle's TTFT p50 at half its capacity, / -speed)")
 	fs.IntVar(&cfg.chat.Conversations, "conversations", cfg.chat.Conversations, "chat: conversations")
 	fs.IntVar(&cfg.chat.Turns, "turns", cfg.chat.Turns, "chat: user turns per conversation")
 	fs.IntVar(&cfg.chat.SystemPrompts, "system-prompts", cfg.chat.SystemPrompts, "chat: distinct system prompts shared by the conversations")
@@ -216,6 +229,26 @@ func (c *config) finish() error {
 	if c.overheadClients < 1 || c.overheadRounds < 1 || c.overheadDuration <= 0 {
 		return errors.New("-overhead-clients, -overhead-rounds and -overhead-duration must be positive")
 	}
+	if sc, ok := flowWorkloads(c.kind); ok {
+		c.flow = sc
+		if c.capacity < 0 || c.flowRequests < 0 || c.slo < 0 {
+			return errors.New("-capacity, -flow-requests and -slo must be 0 (the default) or positive")
+		}
+		if !c.defaultEngine() && c.capacity == 0 {
+			return errors.New("-workload " + c.kind + " on another fleet than the sim's default engines (-fleet, -slow, engine flags): give the fleet's capacity (-capacity requests/s)")
+		}
+		if c.flowRequests > 0 && c.flowRequests < c.chat.Turns {
+			return fmt.Errorf("-flow-requests %d: at least one conversation of %d turns", c.flowRequests, c.chat.Turns)
+		}
+		if c.blocks == 0 {
+			c.blocks = flowBlocksPerWorker
+		}
+		if c.speed == 0 {
+			c.speed = 1
+		}
+		c.openLoop, c.timeScale, c.keepRecords, c.maxInFlight = true, 1, true, flowMaxInFlight
+		return nil
+	}
 	switch c.kind {
 	case "chat":
 		if c.blocks == 0 {
@@ -255,7 +288,7 @@ func (c *config) finish() error {
 			}
 		}
 	default:
-		return fmt.Errorf("-workload: want chat or mooncake, got %q", c.kind)
+		return fmt.Errorf("-workload: want chat, mooncake or a flow workload (tenants_alone, tenants_flood, priority_alone, priority_flood, tenants, priority, flow), got %q", c.kind)
 	}
 	if c.blocks < 1 || c.speed <= 0 || c.timeScale <= 0 {
 		return errors.New("-cache-blocks, -speed and -time-scale must be positive")
@@ -321,7 +354,8 @@ func (c *config) replayOptions(baseURL string, fleetBlocks, blockTokens int) rep
 		Workers:     c.workers,
 		Timeout:     2 * time.Minute,
 		// Per-request records in the JSON output; -energy charges each request to its worker.
-		KeepRecords: c.jsonPath != "" || c.energy != nil,
+		KeepRecords: c.jsonPath != "" || c.energy != nil || c.keepRecords,
+		MaxInFlight: c.maxInFlight,
 	}
 	if c.verbose && isTerminal(os.Stderr) {
 		o.Progress = os.Stderr
@@ -331,6 +365,9 @@ func (c *config) replayOptions(baseURL string, fleetBlocks, blockTokens int) rep
 
 // loopDescription says how the workload is sent, for the header lines.
 func (c *config) loopDescription() string {
+	if len(c.flow) > 0 {
+		return fmt.Sprintf("open loop, each class at its share of the fleet's capacity (per scenario), speed %g", c.speed)
+	}
 	if c.openLoop {
 		return fmt.Sprintf("open loop, time scale %g", c.timeScale)
 	}

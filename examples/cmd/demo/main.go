@@ -76,7 +76,11 @@ func run(ctx context.Context, cfg *config) error {
 	}
 	out := &output{Params: cfg.params()}
 
-	if len(policies) > 0 || cfg.sweep {
+	if len(cfg.flow) > 0 && len(policies) > 0 {
+		if err := runFlow(ctx, cfg, bin, policies, out); err != nil {
+			return err
+		}
+	} else if len(policies) > 0 || cfg.sweep {
 		w, err := cfg.workload()
 		if err != nil {
 			return err
@@ -146,7 +150,7 @@ func run(ctx context.Context, cfg *config) error {
 		}
 		fmt.Println("\nresults:", cfg.jsonPath)
 	}
-	if cfg.report != "" && (len(out.Policies) > 0 || out.Sweep != nil || out.Overhead != nil) {
+	if cfg.report != "" && (len(out.Policies) > 0 || len(out.Flow) > 0 || out.Sweep != nil || out.Overhead != nil) {
 		if err := writeReport(cfg.report, out); err != nil {
 			return err
 		}

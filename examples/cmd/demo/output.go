@@ -3,6 +3,8 @@ package main
 import (
 	"encoding/json"
 	"os"
+
+	"github.com/kvroute/caddy-kvroute/examples/fleetsim"
 )
 
 // output is everything a run measured: the -json file and the report's input.
@@ -13,8 +15,11 @@ type output struct {
 	Policies    []*policyResult `json:"policies,omitempty"`
 	Sweep       []*sweepPoint   `json:"sweep,omitempty"`
 	Overhead    *overheadResult `json:"overhead,omitempty"`
-	WallSeconds float64         `json:"wall_seconds"`
-	Notes       []string        `json:"notes,omitempty"` // the table's footnotes
+	// The flow workloads (issue 35): each scenario's figures by class, and the targets.
+	Flow        []*flowResult         `json:"flow,omitempty"`
+	FlowTargets []fleetsim.FlowTarget `json:"flow_targets,omitempty"`
+	WallSeconds float64               `json:"wall_seconds"`
+	Notes       []string              `json:"notes,omitempty"` // the table's footnotes
 }
 
 // writeJSON writes out as indented JSON.

@@ -66,7 +66,28 @@ func variantPolicies(kvOptions []string) []policy {
 		// Without -energy's annotations every upstream costs the same joules and this is
 		// kv_cost.
 		{Name: "kv_energy", Module: "kv_cache_aware", Block: append(slices.Clone(kvOptions), "decision cost", "objective energy"), Suffix: " (objective energy)", Variant: true},
+		// kv_cache_aware with issue 35's flow control: tenants and bands from the requests'
+		// headers (the flow workloads send them). A default run of a flow workload adds it.
+		{Name: "kv_flow", Module: "kv_cache_aware", Block: append(slices.Clone(kvOptions), flowControlBlock...), Suffix: " (flow_control)", Variant: true},
 	}
+}
+
+// flowControlBlock is kv_flow's flow_control block, as issue 35 sketches it: the tenant from
+// X-Tenant, the band from X-Priority, an interactive band that sheds after 10 s of waiting
+// and a batch band after 5 minutes. The sketch's one-line band blocks
+// (`band batch { queue_timeout 5m }`) are not Caddyfile: a block's contents start on the line
+// after its "{".
+var flowControlBlock = []string{
+	"flow_control {",
+	"\ttenant   {http.request.header.X-Tenant}",
+	"\tpriority {http.request.header.X-Priority}",
+	"\tband interactive {",
+	"\t\tqueue_timeout 10s",
+	"\t}",
+	"\tband batch {",
+	"\t\tqueue_timeout 5m",
+	"\t}",
+	"}",
 }
 
 // selectPolicies returns the policies to compare: those named by -policies (all by default)
@@ -89,6 +110,13 @@ func selectPolicies(cfg *config, bin *caddyBinary) ([]policy, []string, error) {
 			} else {
 				missing = append(missing, p)
 			}
+		}
+		if len(cfg.flow) > 0 && bin.has(moduleKV) {
+			// The flow workloads compare kv_cache_aware with and without flow control.
+			vs := variantPolicies(cfg.kvOptions)
+			flow := vs[slices.IndexFunc(vs, func(p policy) bool { return p.Name == "kv_flow" })]
+			i := slices.IndexFunc(out, func(p policy) bool { return p.Name == "kv_cache_aware" })
+			out = slices.Insert(out, i+1, flow)
 		}
 		for _, p := range missing {
 			hint := ""

@@ -39,7 +39,8 @@ func TestExpandReplicasKeepsVariants(t *testing.T) {
 	}
 	want := "kv_cache_aware (decision cost) ×1|kv_cache_aware (decision cost) ×3|kv_cache_aware (decision cost) ×3 +cluster|" +
 		"kv_cache_aware (decision thresholds) ×1|kv_cache_aware (decision thresholds) ×3|kv_cache_aware (decision thresholds) ×3 +cluster|" +
-		"kv_cache_aware (objective energy) ×1|kv_cache_aware (objective energy) ×3|kv_cache_aware (objective energy) ×3 +cluster"
+		"kv_cache_aware (objective energy) ×1|kv_cache_aware (objective energy) ×3|kv_cache_aware (objective energy) ×3 +cluster|" +
+		"kv_cache_aware (flow_control) ×1|kv_cache_aware (flow_control) ×3|kv_cache_aware (flow_control) ×3 +cluster"
 	if got := strings.Join(titles, "|"); got != want {
 		t.Errorf("replicas variants\n got %s\nwant %s", got, want)
 	}

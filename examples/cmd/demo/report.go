@@ -47,6 +47,7 @@ type reportData struct {
 var reportTemplate = template.Must(template.New("report").Funcs(template.FuncMap{
 	"verdict":   verdict,
 	"ms":        fmtMs,
+	"msNaN":     fmtMsNaN,
 	"span":      fmtSpan,
 	"spanOf":    newSpan,
 	"perWorker": fmtPerWorker,
@@ -117,6 +118,20 @@ Wall time {{f0 .Out.WallSeconds}} s.</p>
 {{range .Out.Policies}}<tr><td>{{.Label}}</td>{{with .Summary}}<td>{{span .HitRatio 3}}</td><td>{{f2 .HitOverReference}}</td><td>{{ms .TTFTP50Ms}}</td><td>{{ms .TTFTP99Ms}}</td><td>{{ms .LatencyP50Ms}}</td><td>{{ms .LatencyP99Ms}}</td><td>{{perWorker .}}</td><td>{{span .Imbalance 2}}</td><td>{{.Errors}}</td>{{end}}{{if .Joules}}<td>{{span (spanOf .Joules) 1}}</td>{{end}}</tr>
 {{end}}</table>
 {{range .Out.Notes}}<p class="note">{{.}}</p>{{end}}
+{{end}}
+
+{{range .Out.Flow}}
+<h2>Flow control: {{.Scenario}}</h2>
+<p class="note">{{.Requests}} requests ({{join .Classes " + "}}), open loop: {{index .Classes 0}} at {{f2 .FirstClassRPS}} requests/s of the fleet's {{f2 .CapacityRPS}}. Medians over the runs; a 429 is shed, out of the TTFT; goodput: answered with a TTFT within {{ms .SLOMs}}.</p>
+<table><tr><th>policy, class</th><th>hit ratio</th><th>TTFT p50</th><th>TTFT p99</th><th>requests/s</th><th>goodput/s</th><th>answered</th><th>shed</th><th>errors</th></tr>
+{{range .Rows}}<tr><td>{{.Name}}</td>{{with .F}}<td>{{f3 .HitRatio}}</td><td>{{msNaN .TTFTP50Ms}}</td><td>{{msNaN .TTFTP99Ms}}</td><td>{{f2 .Throughput}}</td><td>{{f2 .Goodput}}</td><td>{{.Answered}}/{{.Requests}}</td><td>{{.Shed}}</td><td>{{.Errors}}</td>{{end}}</tr>
+{{end}}</table>
+{{end}}
+{{with .Out.FlowTargets}}
+<h2>Issue 35's targets</h2>
+<table><tr><th>target</th><th>policy</th><th>value</th><th>met</th><th>figures</th></tr>
+{{range .}}<tr><td>{{.Name}}</td><td>{{.Policy}}</td><td>{{f3 .Value}}</td><td>{{if .Met}}met{{else}}<b>missed</b>{{end}}</td><td style="text-align:left">{{.Detail}}</td></tr>
+{{end}}</table>
 {{end}}
 
 {{with .Out.Sweep}}{{$r := sweepRange .}}
