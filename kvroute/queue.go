@@ -145,22 +145,10 @@ func capacityFreed() {
 // are kept meanwhile: slots.go).
 func (wq *waitQueue) holding() bool { return wq != nil && wq.held.Load() > 0 }
 
-// capacity returns c's batch slots: learned from a fresh reading of its engine, else its
-// max_concurrency; 0 when neither is known (it is never full).
-func capacity(c *decide.Candidate, now int64) int64 {
-	if c.Slots > 0 && c.ReadingUntil > 0 && now <= c.ReadingUntil {
-		return c.Slots
-	}
-	if c.Profile != nil && c.Profile.MaxConcurrency > 0 {
-		return int64(c.Profile.MaxConcurrency)
-	}
-	return 0
-}
-
 // full reports whether candidate c (the state's view u) has no free slot: its load and the
 // slots reserved for requests about to be decided fill its capacity.
 func full(c *decide.Candidate, u *upstreamState, now int64) bool {
-	n := capacity(c, now)
+	n := c.Capacity(now) // decide's: learned slots while fresh, else max_concurrency
 	return n > 0 && c.Load+u.reserved.Load() >= n
 }
 

@@ -356,10 +356,22 @@ func Decide(o *Options, s *Snapshot) Result {
 // full reports whether c's batch slots are all taken: its load reaches its learned slots
 // (while its reading stands), else its max_concurrency.
 func (d *decision) full(c *Candidate) bool {
-	if c.Slots > 0 && d.fresh(c) {
-		return c.Load >= c.Slots
+	n := c.Capacity(d.now)
+	return n > 0 && c.Load >= n
+}
+
+// Capacity returns c's batch slots at now (unix nanoseconds): learned from its engine while
+// the reading stands, else its upstream block's max_concurrency; 0 when neither is known (it
+// is never full). The decision's batch-slot rules and kvroute's router-side queue both count
+// a candidate full by it.
+func (c *Candidate) Capacity(now int64) int64 {
+	if c.Slots > 0 && c.ReadingUntil > 0 && now <= c.ReadingUntil {
+		return c.Slots
 	}
-	return c.Saturated()
+	if c.Profile != nil && c.Profile.MaxConcurrency > 0 {
+		return int64(c.Profile.MaxConcurrency)
+	}
+	return 0
 }
 
 // bySlots is SlotRank's least-busy choice among the candidates idx names (all when idx is
