@@ -146,6 +146,13 @@ func loadTrace(path string) ([]workload.Request, error) {
 // Over 6,000 requests (seed 1) the look-alike has input mean 11,651, p50 6,951, p90 26,900,
 // p99 69,428 tokens, output mean 334, infinite-cache block hits 0.358 (TestLookAlikes).
 func ConversationWorkload(n int, seed uint64) *Workload {
+	return traceWorkload("conversation", ConversationTrace(n, seed), "llama-3.1-8b")
+}
+
+// ConversationTrace is ConversationWorkload's requests in Mooncake's format (hash ids of
+// 512-token blocks), for the demo to send the same workload through Caddy
+// (workload.MooncakeWorkload: each id's text is workload.Block's).
+func ConversationTrace(n int, seed uint64) []workload.Request {
 	r := newRNG(seed, "conversation")
 	var reqs []workload.Request
 	next := 1 // hash ids; 0 is the shared first block
@@ -188,8 +195,7 @@ func ConversationWorkload(n int, seed uint64) *Workload {
 	// The first n by time: cutting where generation stopped would leave a tail of late
 	// follow-ups, and the arrival rate would sag at the end of the trace.
 	slices.SortStableFunc(reqs, func(a, b workload.Request) int { return cmp.Compare(a.Timestamp, b.Timestamp) })
-	reqs = reqs[:n]
-	return traceWorkload("conversation", reqs, "llama-3.1-8b")
+	return reqs[:n]
 }
 
 // ToolAgentWorkload generates n requests shaped like Mooncake's FAST'25 tool-and-agent trace

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/kvroute/caddy-kvroute/examples/llmsim/engine"
+	"github.com/kvroute/caddy-kvroute/examples/workload"
 )
 
 // Scenario is a fleet, a workload and a way of sending it.
@@ -30,16 +31,19 @@ type Scenario struct {
 	TelemetryInterval time.Duration
 	Restart           *Restart
 	Side              *SideLoad
+	Grow              *Grow
 	// FlowControl: the requests carry tenants or priorities, and the card runs kv_flow
 	// (kv_cache_aware with flow control) beside the other policies.
 	FlowControl bool
 }
 
 // Restart restarts an engine At after the start (open loop: at the nominal pace, scaled to
-// the rate).
+// the rate), or, when Share is set, just before the run sends the request that follows that
+// share of its requests (halfway: 0.5), whatever the time.
 type Restart struct {
 	Engine int
 	At     time.Duration
+	Share  float64
 }
 
 // SideLoad is traffic no router sees: Rate requests per second of unrelated prompts sent
@@ -174,6 +178,29 @@ func Scenarios() []*Scenario {
 	}
 	add(Scenario{Name: "mooncake-closed-16-4slots", Family: "mooncake-4slots", Requests: traceN, Workload: mooncakeW, Engines: trace4x4, Clients: 16, CharsPerToken: 4.2})
 	add(Scenario{Name: "toolagent-80", Family: "toolagent", Requests: traceN, Workload: toolAgentW, Engines: trace4, Load: 0.8, CharsPerToken: 4.6})
+	// Cold and changing fleets (issue 41). mooncake-cold-16-4slots is the demo's Mooncake
+	// closed loop as demosim runs it at the demo's speed 10: a run of seconds, in which the
+	// 1-s telemetry readings are ten engine-seconds apart and the batch slots are learned
+	// late, where the card's other cells run for minutes and learn them early.
+	cold := DemoMooncakeClosed(10, 1000)
+	cold.Name, cold.Family = "mooncake-cold-16-4slots", "mooncake-cold"
+	add(*cold)
+	// A scale-out: 4 engines, 4 more joining cold halfway through the trace, open loop at 55%
+	// of the 8 engines' capacity (110% of the first four's: they queue until the others come).
+	add(Scenario{Name: "mooncake-grow-4-8", Family: "mooncake-grow", Requests: traceN, Workload: mooncakeW, Engines: fleet(8, traceEngine()), Load: 0.55, CharsPerToken: 4.2,
+		Grow: &Grow{Engines: 4, Share: 0.5}})
+	// mooncake-closed-16 with engine 1 restarting halfway: its requests in flight fail, its
+	// cache is lost, and the clients go on.
+	add(Scenario{Name: "mooncake-closed-restart", Family: "mooncake", Requests: traceN, Workload: mooncakeW, Engines: trace4, Clients: 16, CharsPerToken: 4.2,
+		Restart: &Restart{Engine: 1, Share: 0.5}})
+	// Hot prefixes (issue 42): chat over 3 system prompts on 4 engines, open loop and as the
+	// Ollama demo sends it (4 closed-loop clients); 16 system prompts of which the first
+	// draws about 40% of the conversations (Zipf, exponent 1.3), on 8 engines; the tool-agent
+	// look-alike beyond capacity.
+	add(Scenario{Name: "chat-3-prompts-80", Family: "chat-3-prompts", Requests: chatN, Workload: chatPromptsW(3, 0), Engines: chat4, Load: 0.8})
+	add(Scenario{Name: "chat-3-prompts-closed-4", Family: "chat-3-prompts", Requests: chatN, Workload: chatPromptsW(3, 0), Engines: chat4, Clients: 4})
+	add(Scenario{Name: "chat-zipf-8-engines-80", Family: "chat-zipf-8", Requests: 2 * chatN, Workload: chatPromptsW(16, 1.3), Engines: fleet(8, chatEngine()), Load: 0.8})
+	add(Scenario{Name: "toolagent-110", Family: "toolagent", Requests: traceN, Workload: toolAgentW, Engines: trace4, Load: 1.1, CharsPerToken: 4.6})
 	// Flow control (issue 35), on the chat fleet and its capacity. tenants: a light tenant's
 	// chat at 15% of capacity, alone and with a heavy tenant sending 10 times its requests and
 	// tokens (150%): 165% in all, beyond what the fleet serves even with its cache (at 110%
@@ -185,6 +212,44 @@ func Scenarios() []*Scenario {
 	add(Scenario{Name: "priority_alone", FlowControl: true, Family: "chat", Requests: interactiveN, Workload: priorityW(true), Engines: chat4, Load: interactiveLoad})
 	add(Scenario{Name: "priority_flood", FlowControl: true, Family: "chat", Requests: interactiveN * (1 + batchTimes), Workload: priorityW(false), Engines: chat4, Load: interactiveLoad * (1 + batchTimes)})
 	return out
+}
+
+// DemoMooncakeClosed is the demo's Mooncake closed loop (docs/benchmarks.md, "Issue 34":
+// -workload mooncake -open=false -concurrency 16 -max-num-seqs 4 -max-batch-tokens 4096):
+// the trace's first requests from 16 clients on 4 engines of 4 batch slots and 4,096 tokens a
+// step, whose step times are divided by speed (the demo's -speed), at the demo's chars per
+// token (llmsim's 4). Telemetry stays at 1 s of the clock: at speed 10 a reading is ten
+// engine-seconds old when it comes. demosim runs it; the card's mooncake-cold-16-4slots is
+// it at speed 10.
+func DemoMooncakeClosed(speed float64, requests int) *Scenario {
+	return demoClosed("demo-mooncake-closed-16-4slots", mooncakeW, speed, requests)
+}
+
+// DemoConversationClosed is DemoMooncakeClosed on the conversation look-alike
+// (ConversationTrace): the demo's -workload conversation with the same flags.
+func DemoConversationClosed(speed float64, requests int) *Scenario {
+	return demoClosed("demo-conversation-closed-16-4slots", conversationW, speed, requests)
+}
+
+func demoClosed(name string, w func(int, uint64) (*Workload, error), speed float64, requests int) *Scenario {
+	e := traceEngine()
+	e.MaxNumSeqs = 4
+	div := func(d time.Duration) time.Duration { return time.Duration(float64(d) / speed) }
+	e.StepFixed, e.PerPrefillToken, e.PerSeq = div(engine.DefaultStepFixed), div(engine.DefaultPerPrefillToken), div(engine.DefaultPerSeq)
+	return &Scenario{Name: name, Family: name, Requests: requests, Workload: w,
+		Engines: fleet(4, e), Clients: 16, CharsPerToken: 4, TelemetryInterval: time.Second}
+}
+
+// chatPromptsW is the chat workload over prompts system prompts, drawn by Zipf's law of
+// exponent zipf (0: uniformly).
+func chatPromptsW(prompts int, zipf float64) func(int, uint64) (*Workload, error) {
+	return func(requests int, seed uint64) (*Workload, error) {
+		cfg := workload.DefaultChat
+		cfg.Conversations = max(1, requests/cfg.Turns)
+		cfg.Seed = seed
+		cfg.SystemPrompts, cfg.PromptZipf = prompts, zipf
+		return chatWorkload(cfg), nil
+	}
 }
 
 // The flow-control scenarios' classes and rates (fractions of the chat fleet's capacity).

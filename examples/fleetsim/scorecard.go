@@ -199,14 +199,14 @@ func Calibrate(sc *Scenario) (capacity float64, slo time.Duration, err error) {
 		slots += max(cold.Engines[i].MaxNumSeqs, 1)
 	}
 	cold.Clients = 2 * slots
-	cold.Restart, cold.Side = nil, nil
+	cold.Restart, cold.Side, cold.Grow = nil, nil, nil
 	res := Run(&cold, b, 1, 0, (&roundRobin{}))
 	capacity = steadyRate(res, cold.Clients)
 	if !(capacity > 0) {
 		return 0, 0, fmt.Errorf("%s: no capacity measured", sc.Name)
 	}
 	half := *sc
-	half.Clients, half.Restart, half.Side = 0, nil, nil
+	half.Clients, half.Restart, half.Side, half.Grow = 0, nil, nil, nil
 	res = Run(&half, b, 1, capacity/2, &oracle{})
 	p50 := Measure(res, 0).TTFTP50
 	if math.IsNaN(float64(p50)) {

@@ -106,6 +106,10 @@ type sim struct {
 	waiting  []*Request
 	kicked   []bool // an evStep is pending for the engine
 	epoch    []int  // per engine: restarts so far; a step event of an earlier epoch is void
+	active   int    // engines in the fleet now: the rest join later (Scenario.Grow)
+	sends    int    // requests sent so far
+	// restarted: the restart due after a share of the requests (Restart.Share) happened.
+	restarted bool
 
 	sideRNG   *rng
 	sideSeq   int
@@ -138,9 +142,13 @@ func Run(sc *Scenario, b *Built, seed uint64, rate float64, router Router) *Resu
 	s.areaT = make([]time.Duration, n)
 	s.area = make([]float64, n)
 	s.lastCount = make([]int, n)
-	router.Start(s.ids)
+	s.active = n
+	if sc.Grow != nil {
+		s.active = n - sc.Grow.Engines
+	}
+	router.Start(s.ids[:s.active])
 	if o, ok := router.(Omniscient); ok {
-		o.See(s.engines)
+		o.See(s.engines[:s.active])
 	}
 
 	// Each run has its own copies of the requests; text and hashes are shared.
@@ -180,7 +188,7 @@ func Run(sc *Scenario, b *Built, seed uint64, rate float64, router Router) *Resu
 	if sc.TelemetryInterval > 0 {
 		s.push(sc.TelemetryInterval, evTelemetry, 0, 0)
 	}
-	if sc.Restart != nil {
+	if sc.Restart != nil && sc.Restart.Share == 0 {
 		at := sc.Restart.At
 		if !s.closed {
 			at = time.Duration(float64(at) * s.scale)
@@ -208,19 +216,13 @@ func Run(sc *Scenario, b *Built, seed uint64, rate float64, router Router) *Resu
 			s.kicked[ev.a] = false
 			s.step(ev.a)
 		case evTelemetry:
-			for i, e := range s.engines {
+			for i, e := range s.engines[:s.active] {
 				s.router.Reading(s.now, i, e.Reading())
 			}
 			s.push(s.now+sc.TelemetryInterval, evTelemetry, 0, 0)
 			s.offer = len(s.waiting) > 0 // a reading may have freed a slot as the router sees it
 		case evRestart:
-			s.account(ev.a)
-			s.epoch[ev.a]++
-			s.kicked[ev.a] = false
-			for _, e := range s.engines[ev.a].Restart(s.now) {
-				s.handle(ev.a, e)
-			}
-			s.account(ev.a)
+			s.restart(ev.a)
 		case evOffer:
 			s.offer = len(s.waiting) > 0
 		case evSide:
@@ -261,6 +263,20 @@ func Run(sc *Scenario, b *Built, seed uint64, rate float64, router Router) *Resu
 // it: requests unanswered at 1.1 × the span count as unserved.
 const OpenLoopGrace = 1.1
 
+// share is the number of the run's requests that make share of them.
+func (s *sim) share(share float64) int { return int(share * float64(len(s.byID))) }
+
+// restart restarts engine i: the requests it held end as aborted.
+func (s *sim) restart(i int) {
+	s.account(i)
+	s.epoch[i]++
+	s.kicked[i] = false
+	for _, e := range s.engines[i].Restart(s.now) {
+		s.handle(i, e)
+	}
+	s.account(i)
+}
+
 // sendAt schedules session i's next call at its nominal time, or now if that has passed.
 func (s *sim) sendAt(i int) {
 	j := s.next[i]
@@ -283,6 +299,14 @@ func (s *sim) startSession() {
 
 func (s *sim) send(r *Request) {
 	r.Arrival = s.now
+	s.sends++
+	if g := s.sc.Grow; g != nil && s.active < len(s.engines) && s.sends > s.share(g.Share) {
+		s.grow()
+	}
+	if rs := s.sc.Restart; rs != nil && rs.Share > 0 && !s.restarted && s.sends > s.share(rs.Share) {
+		s.restarted = true
+		s.restart(rs.Engine)
+	}
 	if !s.route(r) {
 		s.waiting = append(s.waiting, r)
 		if w, ok := s.router.(Waker); ok {
@@ -305,7 +329,7 @@ func (s *sim) route(r *Request) bool {
 	switch {
 	case i == Wait:
 		return false
-	case i == Shed || i < 0 || i >= len(s.engines):
+	case i == Shed || i < 0 || i >= s.active:
 		r.Shed = true
 		r.Done = s.now
 		s.finish(r)

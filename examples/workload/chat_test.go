@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"reflect"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -130,5 +131,43 @@ func TestMooncakeWorkload(t *testing.T) {
 	}
 	if got := w.Limit(1); len(got.Sessions) != 1 || len(w.Limit(0).Sessions) != 2 {
 		t.Error("Limit")
+	}
+}
+
+// With PromptZipf the first system prompt draws the most conversations: with 16 prompts and
+// exponent 1.3, about 40% (1/H(16, 1.3) = 0.401), and each next one fewer.
+func TestChatPromptZipf(t *testing.T) {
+	w := ChatWorkload(ChatConfig{Conversations: 4000, SystemPrompts: 16, Turns: 1, PromptZipf: 1.3, Seed: 3})
+	first := map[string]int{}
+	for _, s := range w.Sessions {
+		first[s.Calls[0].Messages[0].Content]++
+	}
+	counts := make([]int, 16)
+	for p, n := range first {
+		k := 0
+		for k < 16 && !strings.HasPrefix(p, "You are assistant "+strconv.Itoa(k)+". ") {
+			k++
+		}
+		if k == 16 {
+			t.Fatalf("prompt %.30q names no assistant", p)
+		}
+		counts[k] = n
+	}
+	if share := float64(counts[0]) / 4000; share < 0.37 || share > 0.43 {
+		t.Errorf("the first prompt draws %.3f of the conversations, want about 0.40 (counts %v)", share, counts)
+	}
+	if !(counts[0] > counts[1] && counts[1] > counts[3] && counts[3] > counts[15]) {
+		t.Errorf("counts do not fall with the rank: %v", counts)
+	}
+	// Uniform without it: the first prompt near 1/16.
+	w = ChatWorkload(ChatConfig{Conversations: 4000, SystemPrompts: 16, Turns: 1, Seed: 3})
+	n := 0
+	for _, s := range w.Sessions {
+		if strings.HasPrefix(s.Calls[0].Messages[0].Content, "You are assistant 0. ") {
+			n++
+		}
+	}
+	if share := float64(n) / 4000; share > 0.09 {
+		t.Errorf("uniform: the first prompt draws %.3f", share)
 	}
 }

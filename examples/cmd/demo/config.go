@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kvroute/caddy-kvroute/examples/fleetsim"
 	"github.com/kvroute/caddy-kvroute/examples/llmsim"
 	"github.com/kvroute/caddy-kvroute/examples/replay"
 	"github.com/kvroute/caddy-kvroute/examples/workload"
@@ -33,6 +34,9 @@ const (
 	mooncakeSpeed           = 10
 	mooncakeTimeScale       = 0.1
 	defaultConcurrency      = 16
+	// conversationRequests is -workload conversation's default -limit: the requests demosim's
+	// demo-conversation-closed-16-4slots sends.
+	conversationRequests = 1000
 )
 
 // config is the demo's command line.
@@ -118,14 +122,14 @@ func parseFlags(args []string) (*config, error) {
 	fs.StringVar(&cfg.policies, "policies", "", "comma list of policies to run (kv_cache_aware, round_robin, least_conn, random, header, sglang_cache_aware, prefix_hash, and the variants kv_cost, kv_thresholds and kv_energy: kv_cache_aware with decision cost, decision thresholds, or decision cost with objective energy (see -energy); kv_cache_aware or a variant followed by a colon and Caddyfile lines separated by semicolons adds them to its block, each in place of a line there (or from -kv-options) that sets the same option, to compare settings in one run (e.g. kv_cost,kv_cost:ttft_slack 1, quoted for the shell); none: skip the comparison); default: all the Caddy binary has but the variants")
 	fs.IntVar(&cfg.repeats, "repeats", 1, "run each policy N times and report the mean and the min-max of hit ratio and imbalance")
 
-	fs.StringVar(&cfg.kind, "workload", "chat", "workload: chat (synthetic multi-turn conversations), mooncake (the Mooncake trace), or issue 35's flow-control scenarios, as the fleet simulator's: tenants_alone, tenants_flood, priority_alone, priority_flood, tenants (both tenants_*), priority (both priority_*) or flow (all four, then the targets); kv_flow (kv_cache_aware with flow_control) joins the default policies")
+	fs.StringVar(&cfg.kind, "workload", "chat", "workload: chat (synthetic multi-turn conversations), mooncake (the Mooncake trace), conversation (the fleet simulator's look-alike of Mooncake's conversation trace: -limit requests, default 1,000, from -seed; closed loop unless -open), or issue 35's flow-control scenarios, as the fleet simulator's: tenants_alone, tenants_flood, priority_alone, priority_flood, tenants (both tenants_*), priority (both priority_*) or flow (all four, then the targets); kv_flow (kv_cache_aware with flow_control) joins the default policies")
 	fs.IntVar(&cfg.flowRequests, "flow-requests", 0, fmt.Sprintf("flow workloads: the first class's requests (light, interactive), a multiple of -turns; the second class sends 10× (heavy) or 2× (batch) as many (default: tenants %d, priority %d)", flowFamilies["tenants"].requests, flowFamilies["priority"].requests))
 	fs.Float64Var(&cfg.capacity, "capacity", 0, "flow workloads: the fleet's capacity in requests per second with no prefix cache, which the classes' rates are fractions of (0: the fleet simulator's calibration of its chat fleet, whose engine model llmsim runs, × -speed × -workers / 4; required with another -fleet, -slow or engine flags)")
 	fs.DurationVar(&cfg.slo, "slo", 0, "flow workloads: goodput counts the requests answered with a TTFT within this (0: the fleet simulator's chat SLO, 3 × an oracle's TTFT p50 at half its capacity, / -speed)")
 	fs.IntVar(&cfg.chat.Conversations, "conversations", cfg.chat.Conversations, "chat: conversations")
 	fs.IntVar(&cfg.chat.Turns, "turns", cfg.chat.Turns, "chat: user turns per conversation")
 	fs.IntVar(&cfg.chat.SystemPrompts, "system-prompts", cfg.chat.SystemPrompts, "chat: distinct system prompts shared by the conversations")
-	fs.Uint64Var(&cfg.chat.Seed, "seed", cfg.chat.Seed, "chat: random seed")
+	fs.Uint64Var(&cfg.chat.Seed, "seed", cfg.chat.Seed, "chat and conversation: random seed")
 	fs.BoolVar(&cfg.sessionHeader, "session-header", false, "chat: send the conversation id in X-Session-ID (off: the main comparison is on prompts alone)")
 	fs.IntVar(&cfg.concurrency, "concurrency", defaultConcurrency, "closed loop: concurrent clients")
 	fs.BoolVar(&cfg.openLoop, "open", false, "open loop: chat conversations arrive at -rate, mooncake requests at the trace's times × -time-scale; closed loop: -concurrency clients, each sending its next conversation turn or trace request (in trace order) when its previous answer ends (default: chat closed, mooncake open; -open=false replays the trace closed loop)")
@@ -287,8 +291,23 @@ func (c *config) finish() error {
 				return errors.New("mooncake trace not found: pass -trace")
 			}
 		}
+	case "conversation":
+		// The fleet simulator's look-alike of Mooncake's conversation trace, closed loop
+		// unless -open: what demosim's demo-conversation-closed-16-4slots runs.
+		if c.blocks == 0 {
+			c.blocks = mooncakeBlocksPerWorker
+		}
+		if c.speed == 0 {
+			c.speed = mooncakeSpeed
+		}
+		if c.timeScale == 0 {
+			c.timeScale = mooncakeTimeScale
+		}
+		if c.limit == 0 {
+			c.limit = conversationRequests
+		}
 	default:
-		return fmt.Errorf("-workload: want chat, mooncake or a flow workload (tenants_alone, tenants_flood, priority_alone, priority_flood, tenants, priority, flow), got %q", c.kind)
+		return fmt.Errorf("-workload: want chat, mooncake, conversation or a flow workload (tenants_alone, tenants_flood, priority_alone, priority_flood, tenants, priority, flow), got %q", c.kind)
 	}
 	if c.blocks < 1 || c.speed <= 0 || c.timeScale <= 0 {
 		return errors.New("-cache-blocks, -speed and -time-scale must be positive")
@@ -326,6 +345,11 @@ func splitOptions(s string) []string {
 func (c *config) workload() (workload.Workload, error) {
 	if c.kind == "chat" {
 		return workload.ChatWorkload(c.chat).Limit(c.limit), nil
+	}
+	if c.kind == "conversation" {
+		w := workload.MooncakeWorkload(fleetsim.ConversationTrace(c.limit, c.chat.Seed), workload.MooncakeConfig{Model: workload.DefaultChat.Model, MaxTokens: c.maxOutput})
+		w.Name = "conversation"
+		return w, nil
 	}
 	reqs, err := workload.LoadMooncake(c.trace)
 	if err != nil {

@@ -6,8 +6,10 @@
 // (time scale 0.1) on engines 10× faster (its -speed 10); and the same 1,000 requests closed loop
 // with 16 clients on engines of 4 batch slots and 4,096 tokens a step (the demo's -workload
 // mooncake -open=false -max-num-seqs 4 -max-batch-tokens 4096 -limit 1000: the scorecard's
-// mooncake-closed-16-4slots at the demo's speed). Every policy runs with 5 router seeds; it
-// prints the medians.
+// mooncake-cold-16-4slots, fleetsim.DemoMooncakeClosed); and the same fleet and clients on the
+// first 1,000 requests of the conversation look-alike, seed 0 (the demo's -workload
+// conversation -max-num-seqs 4 -max-batch-tokens 4096: fleetsim.DemoConversationClosed). Every
+// policy runs with 5 router seeds; it prints the medians.
 //
 //	demosim [-blocks N] [-only NAME]
 package main
@@ -31,7 +33,8 @@ func main() {
 	blocks := flag.Int("blocks", 1024, "chat: KV blocks per engine (the demo's -cache-blocks)")
 	speed := flag.Float64("mooncake-speed", 10, "mooncake: the engines' speed (the demo's -speed; step times divided by it), and for the open-loop scenario the time scale's inverse")
 	closedN := flag.Int("mooncake-closed-requests", 1000, "demo-mooncake-closed-16-4slots: the trace's first N requests (the demo's -limit)")
-	only := flag.String("only", "", "run only this scenario: demo-chat, demo-chat-slow, demo-mooncake-1000 or demo-mooncake-closed-16-4slots")
+	convN := flag.Int("conversation-requests", 1000, "demo-conversation-closed-16-4slots: the look-alike's first N requests (the demo's -limit)")
+	only := flag.String("only", "", "run only this scenario: demo-chat, demo-chat-slow, demo-mooncake-1000, demo-mooncake-closed-16-4slots or demo-conversation-closed-16-4slots")
 	flag.Parse()
 	// The demo's sim fleet: llmsim's defaults.
 	chatEng := engine.Config{MaxNumSeqs: llmsim.DefaultSlots, MaxBatchTokens: llmsim.DefaultMaxBatchTokens, CapacityBlocks: *blocks,
@@ -42,8 +45,6 @@ func main() {
 	moonEng.CapacityBlocks = workload.MooncakeFleetBlocks / 4
 	div := func(d time.Duration) time.Duration { return time.Duration(float64(d) / *speed) }
 	moonEng.StepFixed, moonEng.PerPrefillToken, moonEng.PerSeq = div(moonEng.StepFixed), div(moonEng.PerPrefillToken), div(moonEng.PerSeq)
-	moon4 := moonEng
-	moon4.MaxNumSeqs, moon4.MaxBatchTokens = 4, 4096
 	chatW := func(n int, seed uint64) (*fleetsim.Workload, error) { return fleetsim.ChatWorkload(n, seed), nil }
 	moonW := func(n int, _ uint64) (*fleetsim.Workload, error) { return fleetsim.MooncakeWorkload(n) }
 	moonRate := 0.0
@@ -66,7 +67,8 @@ func main() {
 		{fleetsim.Scenario{Name: "demo-chat", Requests: 512, Workload: chatW, Engines: fleet(4, chatEng), Clients: 16}, 0},
 		{fleetsim.Scenario{Name: "demo-chat-slow", Requests: 512, Workload: chatW, Engines: slow, Clients: 16}, 0},
 		{fleetsim.Scenario{Name: "demo-mooncake-1000", Requests: 1000, Workload: moonW, Engines: fleet(4, moonEng)}, moonRate},
-		{fleetsim.Scenario{Name: "demo-mooncake-closed-16-4slots", Requests: *closedN, Workload: moonW, Engines: fleet(4, moon4), Clients: 16}, 0},
+		{*fleetsim.DemoMooncakeClosed(*speed, *closedN), 0},
+		{*fleetsim.DemoConversationClosed(*speed, *convN), 0},
 	}
 	for _, s := range scs {
 		sc := s.sc
