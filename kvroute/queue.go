@@ -62,9 +62,10 @@ type waitQueue struct {
 	// held counts the requests waiting or handed a slot and not yet decided (read without mu
 	// on every decision: 0 means no group can have waiters).
 	held atomic.Int64
-	// own is the tokens served per tenant by this replica's requests, all its life (published
-	// to the cluster's peers); peers what the peers' records added to the queue's counters
-	// so far (under mu).
+	// own is the tokens served per tenant by this replica's requests, all its life, as their
+	// answers settled them (published to the cluster's peers: it never goes down, so a peer
+	// adds what it grew by); peers what the peers' records added to the queue's counters so
+	// far (under mu).
 	own     map[string]float64
 	peers   map[string]int64
 	running bool          // the dispatcher goroutine runs (under mu)
@@ -557,34 +558,91 @@ func shedBody(f llmreq.Format, msg, reason string) []byte {
 	return append(b, '\n')
 }
 
-// charge counts the request's tokens for its tenant when it is dispatched (flow_control):
-// its prompt's estimate plus output_weight × its expected output; its answer's usage
-// corrects it (settleTokens).
+// fairCharge is a request's charge in its tenant's tokens served (flow_control): counted as
+// pending when it is dispatched (flow.Queue.Charge), settled once (flow.Queue.Settle) by its
+// answer's usage or, when no answer tells, at its end at what it was charged. Its fields are
+// under waitQueue.mu once by is set.
+type fairCharge struct {
+	by      atomic.Pointer[waitQueue] // the queue charged; nil until charged
+	tenant  string
+	weight  float64 // output_weight
+	output  float64 // the output tokens charged (flow.Estimate's), for usage without them
+	charged float64
+	settled bool
+}
+
+// charge counts the request's tokens in its tenant's pending ones when it is dispatched
+// (flow_control): its prompt's estimate plus output_weight × the output expected of it (the
+// chosen upstream's mean output, else expected_tokens; its max_tokens when smaller:
+// flow.Estimate). Its answer's usage settles it (settleTokens), else its end (settleUnanswered).
+// A retry is not charged again.
 func (p *KVCacheAware) charge(r *http.Request, req *llmRequest, g *gathered, chosen int) {
 	f := p.opts.flow
-	if f == nil || req.charged != 0 {
+	if f == nil {
 		return
 	}
-	out := float64(req.MaxTokens)
-	if out <= 0 {
-		out = g.snap.Candidates[chosen].MeanOutput
+	c := &req.fair
+	if c.by.Load() != nil {
+		return
 	}
-	if !(out > 0) {
-		out = float64(p.opts.expectedTokens)
+	expected := g.snap.Candidates[chosen].MeanOutput
+	if !(expected > 0) {
+		expected = float64(p.opts.expectedTokens)
 	}
+	prompt := float64(g.estimate)
+	est := flow.Estimate(prompt, req.MaxTokens, expected, f.outputWeight)
 	_, _, tenant, _ := p.flowOf(r)
-	req.tenant, req.weight = tenant, f.outputWeight
-	req.outEstimate = out
-	req.charged = float64(g.estimate) + f.outputWeight*out
 	wq := p.state.wq
 	wq.mu.Lock()
-	wq.serve(tenant, req.charged)
+	c.tenant, c.weight, c.charged = tenant, f.outputWeight, est
+	if f.outputWeight > 0 {
+		c.output = (est - prompt) / f.outputWeight
+	}
+	wq.q.Charge(tenant, est)
+	c.by.Store(wq)
 	wq.mu.Unlock()
 }
 
-// serve counts tokens served to a tenant by this replica (under mu).
-func (wq *waitQueue) serve(tenant string, tokens float64) {
-	wq.q.Serve(tenant, tokens)
+// settleTokens settles the request's charge at what its answer's usage shows: its prompt
+// tokens plus output_weight × its output tokens (the output charged when the usage has none).
+func (s *state) settleTokens(lr *llmRequest, u usage) {
+	if !u.ok {
+		return
+	}
+	c := &lr.fair
+	wq := c.by.Load()
+	if wq == nil {
+		return
+	}
+	wq.mu.Lock()
+	defer wq.mu.Unlock()
+	out := c.output
+	if u.outputKnown {
+		out = u.output
+	}
+	wq.settle(c, max(0, u.prompt)+c.weight*max(0, out))
+}
+
+// settleUnanswered settles the request's charge at what it was charged when no answer told
+// what it used (without llm_feedback, an answer without usage, a client that left): at its end.
+func (lr *llmRequest) settleUnanswered() {
+	c := &lr.fair
+	wq := c.by.Load()
+	if wq == nil {
+		return
+	}
+	wq.mu.Lock()
+	wq.settle(c, c.charged)
+	wq.mu.Unlock()
+}
+
+// settle settles c at used, once (under mu).
+func (wq *waitQueue) settle(c *fairCharge, used float64) {
+	if c.settled {
+		return
+	}
+	c.settled = true
+	wq.q.Settle(c.tenant, c.charged, used)
 	if len(wq.own) >= flow.DefaultMaxTenants {
 		// Client-chosen names: the least served are forgotten (the peers' sums then hold
 		// what was published of them).
@@ -597,7 +655,9 @@ func (wq *waitQueue) serve(tenant string, tokens float64) {
 			delete(wq.own, t.Name)
 		}
 	}
-	wq.own[tenant] = max(0, wq.own[tenant]+tokens)
+	if used > 0 && !math.IsInf(used, 0) {
+		wq.own[c.tenant] += used
+	}
 }
 
 // addPeers adds to the queue's counters what the cluster's peers served since the last call
@@ -633,23 +693,6 @@ func (h clusterHandler) TokensServed() map[string]int64 {
 	return m
 }
 
-// settleTokens corrects the tenant's tokens served once the answer told its usage.
-func (s *state) settleTokens(lr *llmRequest, u usage) {
-	if lr.charged == 0 || !u.ok {
-		return
-	}
-	out := lr.outEstimate
-	if u.outputKnown {
-		out = u.output
-	}
-	actual := u.prompt + lr.weight*out
-	delta := actual - lr.charged
-	lr.charged = actual
-	s.wq.mu.Lock()
-	s.wq.serve(lr.tenant, delta)
-	s.wq.mu.Unlock()
-}
-
 // queueStatus is the queue in GET /kvroute/.
 type QueueStatus struct {
 	Waiting int            `json:"waiting"`
@@ -661,9 +704,12 @@ type QueueStatus struct {
 
 // TenantStatus is one tenant's share.
 type TenantStatus struct {
-	Name         string  `json:"name"`
-	TokensServed float64 `json:"tokens_served"`
-	Waiting      int     `json:"waiting"`
+	Name string `json:"name"`
+	// TokensServed is what its answers showed used (settled); TokensInFlight the estimates
+	// of its requests not answered yet (docs/design.md "When the fleet is full").
+	TokensServed   float64 `json:"tokens_served"`
+	TokensInFlight float64 `json:"tokens_in_flight,omitempty"`
+	Waiting        int     `json:"waiting"`
 }
 
 // status reads the queue.
@@ -685,8 +731,8 @@ func (s *state) queueStatus() *QueueStatus {
 // topTenants returns the n tenants with the most tokens served (under mu).
 func (wq *waitQueue) topTenants(n int) []TenantStatus {
 	var all []TenantStatus
-	wq.q.Tenants(func(name string, served float64, queued int) {
-		all = append(all, TenantStatus{Name: name, TokensServed: served, Waiting: queued})
+	wq.q.Tenants(func(name string, settled, pending float64, queued int) {
+		all = append(all, TenantStatus{Name: name, TokensServed: settled, TokensInFlight: pending, Waiting: queued})
 	})
 	sortTenants(all)
 	if len(all) > n {
@@ -695,13 +741,14 @@ func (wq *waitQueue) topTenants(n int) []TenantStatus {
 	return all
 }
 
-// sortTenants orders tenants by tokens served, most first (names break ties).
+// sortTenants orders tenants by tokens served, in flight included, most first (names break
+// ties).
 func sortTenants(ts []TenantStatus) {
 	slices.SortFunc(ts, func(a, b TenantStatus) int {
-		switch {
-		case a.TokensServed > b.TokensServed:
+		switch x, y := a.TokensServed+a.TokensInFlight, b.TokensServed+b.TokensInFlight; {
+		case x > y:
 			return -1
-		case a.TokensServed < b.TokensServed:
+		case x < y:
 			return 1
 		}
 		return strings.Compare(a.Name, b.Name)
@@ -714,7 +761,7 @@ func sortTenants(ts []TenantStatus) {
 type tenantCollector struct{}
 
 var descTenantTokens = prometheus.NewDesc(ns+"_"+sub+"_tenant_tokens_served",
-	"Tokens served per flow_control tenant as its fair share counts them (prompt plus output_weight × output; an idle tenant's count is lifted to the others' when it comes back). The most served tenants by name, the rest as other.",
+	"Tokens served per flow_control tenant as its fair share counts them, settled by its answers (prompt plus output_weight × output as their usage showed; an unanswered request at what it was charged; requests in flight are not in it; an idle tenant's count is lifted to the others' when it comes back). The most served tenants by name, the rest as other.",
 	[]string{"tenant"}, nil)
 
 func (*tenantCollector) Describe(ch chan<- *prometheus.Desc) { ch <- descTenantTokens }
@@ -728,8 +775,8 @@ func (*tenantCollector) Collect(ch chan<- prometheus.Metric) {
 	wq.mu.Lock()
 	wq.addPeers(s.node())
 	var all []TenantStatus
-	wq.q.Tenants(func(name string, served float64, queued int) {
-		all = append(all, TenantStatus{Name: name, TokensServed: served})
+	wq.q.Tenants(func(name string, settled, _ float64, _ int) {
+		all = append(all, TenantStatus{Name: name, TokensServed: settled})
 	})
 	wq.mu.Unlock()
 	sortTenants(all)

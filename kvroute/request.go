@@ -77,9 +77,8 @@ type llmRequest struct {
 	slot   *waiter
 	waited time.Duration
 	shed   atomic.Bool
-	// Its tenant's tokens served (flow_control): charged at dispatch, corrected by its usage.
-	tenant                       string
-	weight, outEstimate, charged float64
+	// fair is its charge in its tenant's tokens served (flow_control, queue.go).
+	fair fairCharge
 }
 
 // requestFor returns the request's extracted LLM request, reading at most maxBody bytes of the
@@ -277,6 +276,7 @@ func (s *state) watchEnd(r *http.Request, lr *llmRequest) {
 
 // ended is what the request's end does (watchEnd).
 func (lr *llmRequest) ended() {
+	lr.settleUnanswered()
 	lr.untrack()
 	if lr.judgeBy != nil {
 		lr.judgeBy.judgeEnd(lr.repl, lr)
