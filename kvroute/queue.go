@@ -1,6 +1,7 @@
 package kvroute
 
 import (
+	"context"
 	"encoding/json"
 	"math"
 	"net/http"
@@ -571,17 +572,27 @@ type fairCharge struct {
 	settled bool
 }
 
+// chargee is the request whose charge this one's decision makes: the client's request for a
+// prefill leg (llm_disaggregate), so that a request split in two is charged once.
+func (lr *llmRequest) chargee() *llmRequest {
+	if lr.legOf != nil {
+		return lr.legOf
+	}
+	return lr
+}
+
 // charge counts the request's tokens in its tenant's pending ones when it is dispatched
 // (flow_control): its prompt's estimate plus output_weight × the output expected of it (the
 // chosen upstream's mean output, else expected_tokens; its max_tokens when smaller:
 // flow.Estimate). Its answer's usage settles it (settleTokens), else its end (settleUnanswered).
-// A retry is not charged again.
+// A retry, or the second leg of a split request, is not charged again.
 func (p *KVCacheAware) charge(r *http.Request, req *llmRequest, g *gathered, chosen int) {
 	f := p.opts.flow
 	if f == nil {
 		return
 	}
-	c := &req.fair
+	root := req.chargee()
+	c := &root.fair
 	if c.by.Load() != nil {
 		return
 	}
@@ -594,6 +605,10 @@ func (p *KVCacheAware) charge(r *http.Request, req *llmRequest, g *gathered, cho
 	_, _, tenant, _ := p.flowOf(r)
 	wq := p.state.wq
 	wq.mu.Lock()
+	if c.by.Load() != nil { // the other leg of a split request, decided meanwhile
+		wq.mu.Unlock()
+		return
+	}
 	c.tenant, c.weight, c.charged = tenant, f.outputWeight, est
 	if f.outputWeight > 0 {
 		c.output = (est - prompt) / f.outputWeight
@@ -601,12 +616,19 @@ func (p *KVCacheAware) charge(r *http.Request, req *llmRequest, g *gathered, cho
 	wq.q.Charge(tenant, est)
 	c.by.Store(wq)
 	wq.mu.Unlock()
+	if root != req {
+		// The client's request settles it when it ends, whether or not its decode leg is
+		// ever decided (its client may leave during the prefill leg).
+		context.AfterFunc(req.legEnd, root.settleUnanswered)
+	}
 }
 
 // settleTokens settles the request's charge at what its answer's usage shows: its prompt
 // tokens plus output_weight × its output tokens (the output charged when the usage has none).
+// A prefill leg's answer (one token, llm_disaggregate) is not the request's: the decode leg's
+// settles it.
 func (s *state) settleTokens(lr *llmRequest, u usage) {
-	if !u.ok {
+	if !u.ok || lr.legOf != nil {
 		return
 	}
 	c := &lr.fair
@@ -626,6 +648,9 @@ func (s *state) settleTokens(lr *llmRequest, u usage) {
 // settleUnanswered settles the request's charge at what it was charged when no answer told
 // what it used (without llm_feedback, an answer without usage, a client that left): at its end.
 func (lr *llmRequest) settleUnanswered() {
+	if lr.legOf != nil {
+		return
+	}
 	c := &lr.fair
 	wq := c.by.Load()
 	if wq == nil {

@@ -77,8 +77,12 @@ type llmRequest struct {
 	slot   *waiter
 	waited time.Duration
 	shed   atomic.Bool
-	// fair is its charge in its tenant's tokens served (flow_control, queue.go).
-	fair fairCharge
+	// fair is its charge in its tenant's tokens served (flow_control, queue.go). A prefill leg
+	// (llm_disaggregate) is charged in legOf, the client's request it runs for, whose context
+	// is legEnd: a request split in two is charged once.
+	fair   fairCharge
+	legOf  *llmRequest
+	legEnd context.Context
 }
 
 // requestFor returns the request's extracted LLM request, reading at most maxBody bytes of the
