@@ -546,13 +546,17 @@ func (p *KVCacheAware) shed(w http.ResponseWriter, r *http.Request, req *llmRequ
 	_ = http.NewResponseController(w).Flush()
 }
 
-// shedBody is a 429's error body in the API format f: Anthropic's for /v1/messages, OpenAI's
-// for the others.
+// shedBody is a 429's error body in the API format f: Anthropic's for /v1/messages, Ollama's
+// ({"error":"..."}, the string its clients read) for /api/chat and /api/generate, OpenAI's for
+// the others.
 func shedBody(f llmreq.Format, msg, reason string) []byte {
 	var v any
-	if f == llmreq.Messages {
+	switch f {
+	case llmreq.Messages:
 		v = map[string]any{"type": "error", "error": map[string]string{"type": "rate_limit_error", "message": msg}}
-	} else {
+	case llmreq.OllamaChat, llmreq.OllamaGenerate:
+		v = map[string]string{"error": msg}
+	default:
 		v = map[string]any{"error": map[string]any{"message": msg, "type": "rate_limit_exceeded", "code": reason, "param": nil}}
 	}
 	b, _ := json.Marshal(v)
