@@ -360,6 +360,20 @@ func (p *KVCacheAware) await(pool reverseproxy.UpstreamPool, r *http.Request, w 
 	return true
 }
 
+// leftUpstream is what Select returns for a request whose client left while it waited: one of
+// the pool's upstreams, which the request never reaches. Caddy's transport fails at once on the
+// request's cancelled context, and reverse_proxy then records the client's 499 without counting
+// a failure or retrying (its handling of context.Canceled), where no upstream would make it log
+// a 503 "no upstreams available", an error of the fleet's. Nothing of the decision is recorded.
+func leftUpstream(pool reverseproxy.UpstreamPool) *reverseproxy.Upstream {
+	for _, up := range pool {
+		if up != nil {
+			return up
+		}
+	}
+	return nil
+}
+
 // unreserve gives back the slot a waiter was handed (it is decided now, or its client left).
 // It runs once per waiter handed a slot.
 func (wq *waitQueue) unreserve(wt *waiter) {
