@@ -261,7 +261,7 @@ func groupKey(model string, pool reverseproxy.UpstreamPool) string {
 func (p *KVCacheAware) flowOf(r *http.Request) (band int, name, tenant string, timeout time.Duration) {
 	f := p.opts.flow
 	if f == nil {
-		return 0, defaultBand, "", p.opts.queueTimeout
+		return 0, defaultBand, defaultTenant, p.opts.queueTimeout
 	}
 	repl, _ := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
 	if repl == nil {
@@ -269,6 +269,9 @@ func (p *KVCacheAware) flowOf(r *http.Request) (band int, name, tenant string, t
 	}
 	if f.tenant != "" {
 		tenant = boundKey(repl.ReplaceAll(f.tenant, ""), maxTenantLen)
+	}
+	if tenant == "" {
+		tenant = defaultTenant
 	}
 	band = 0
 	if f.priority != "" {
@@ -736,10 +739,12 @@ func (h clusterHandler) TokensServed() map[string]int64 {
 	return m
 }
 
-// queueStatus is the queue in GET /kvroute/.
+// QueueStatus is the queue in GET /kvroute/.
 type QueueStatus struct {
-	Waiting int            `json:"waiting"`
-	Bands   map[string]int `json:"bands,omitempty"` // waiting per band index ("0" first)
+	Waiting int `json:"waiting"`
+	// Bands is the requests waiting per band, by name as the metrics name them ("default"
+	// without flow_control's bands); bands of two policies with the same name together.
+	Bands map[string]int `json:"bands,omitempty"`
 	// Tenants are the tenants remembered (top tenantLabels by tokens served): tokens served
 	// as the fair share counts them, and requests waiting.
 	Tenants []TenantStatus `json:"tenants,omitempty"`
@@ -762,11 +767,7 @@ func (s *state) queueStatus() *QueueStatus {
 	wq.addPeers(s.node())
 	defer wq.mu.Unlock()
 	st := &QueueStatus{Waiting: wq.q.Len(), Bands: map[string]int{}}
-	for b := range wq.q.Bands() {
-		if n := wq.q.LenBand(b); n > 0 {
-			st.Bands[strconv.Itoa(b)] = n
-		}
-	}
+	wq.q.Each(func(it *flow.Item) { st.Bands[it.Value.(*waiter).band]++ })
 	st.Tenants = wq.topTenants(tenantLabels)
 	return st
 }

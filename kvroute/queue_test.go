@@ -255,8 +255,8 @@ func TestQueueFlowOrder(t *testing.T) {
 	send("l3", "light", "lo", "short")
 	send("x1", "heavy", "hi", long)
 	st := adminStatus(t)
-	if st.Queue == nil || st.Queue.Waiting != 7 || st.Queue.Bands["0"] != 1 || st.Queue.Bands["1"] != 6 {
-		t.Errorf("GET /kvroute/ queue %+v, want 7 waiting: 1 in band 0, 6 in band 1", st.Queue)
+	if st.Queue == nil || st.Queue.Waiting != 7 || st.Queue.Bands["hi"] != 1 || st.Queue.Bands["lo"] != 6 {
+		t.Errorf("GET /kvroute/ queue %+v, want 7 waiting: 1 in band hi, 6 in band lo", st.Queue)
 	}
 	g.releaseN(t, 8)
 	mustOK(t, first)
@@ -563,7 +563,7 @@ func TestQueueFlowOf(t *testing.T) {
 	}{
 		{"", "acme", 0, "acme"},
 		{"mid", "acme", 1, "acme"},
-		{"lo", "", 2, ""},
+		{"lo", "", 2, defaultTenant}, // no tenant: the one the metrics name
 		{"urgent!!", "acme", 2, "acme"},
 		{"hi", strings.Repeat("t", 200), 0, boundKey(strings.Repeat("t", 200), maxTenantLen)},
 	} {

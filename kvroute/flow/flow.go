@@ -228,6 +228,19 @@ func (q *Queue) floor() float64 {
 	return lo
 }
 
+// Each calls fn for each request waiting, band by band, highest first.
+func (q *Queue) Each(fn func(*Item)) {
+	for b := range q.backlogged {
+		for _, t := range q.backlogged[b] {
+			for _, f := range t.flows[b] {
+				for it := f.head; it != nil; it = it.next {
+					fn(it)
+				}
+			}
+		}
+	}
+}
+
 // Remove takes it out of the queue (its client left, or it waited too long); false when it was
 // not waiting.
 func (q *Queue) Remove(it *Item) bool {

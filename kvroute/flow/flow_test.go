@@ -334,3 +334,23 @@ func BenchmarkPushNext(b *testing.B) {
 		}
 	}
 }
+
+func TestEach(t *testing.T) {
+	q := New(Config{Bands: 2})
+	push(t, q, "m", "a", 1, 1)
+	push(t, q, "m", "b", 0, 2)
+	push(t, q, "n", "a", 1, 3)
+	push(t, q, "m", "a", 1, 4)
+	var got []int
+	q.Each(func(it *Item) { got = append(got, it.Value.(int)) })
+	slices.Sort(got[1:]) // band 0 first; within a band, no order is promised
+	if !slices.Equal(got, []int{2, 1, 3, 4}) {
+		t.Fatalf("Each gave %v, want band 0's 2 first, then 1, 3, 4", got)
+	}
+	q.Next(all)
+	n := 0
+	q.Each(func(*Item) { n++ })
+	if n != q.Len() {
+		t.Fatalf("Each gave %d after a Next, Len %d", n, q.Len())
+	}
+}
