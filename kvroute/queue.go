@@ -363,6 +363,30 @@ func (p *KVCacheAware) await(pool reverseproxy.UpstreamPool, r *http.Request, w 
 	return true
 }
 
+// shedReasons are the reasons of caddy_kvroute_shed_total.
+var shedReasons = [...]string{"timeout", flow.Full.String(), flow.TenantFull.String()}
+
+// exportQueueMetrics makes the queue's series of each band the policy configures exist from its
+// config's start, at 0 until a request waits or is shed: an operator looking for them before
+// the first wait finds them.
+func (p *KVCacheAware) exportQueueMetrics() {
+	f := p.opts.flow
+	if f == nil {
+		if p.opts.queueTimeout > 0 {
+			metrics.queueRequests.WithLabelValues(defaultBand)
+			metrics.queueSeconds.WithLabelValues(defaultBand)
+		}
+		return
+	}
+	for _, b := range f.bands {
+		metrics.queueRequests.WithLabelValues(b.name)
+		metrics.queueSeconds.WithLabelValues(b.name)
+		for _, reason := range shedReasons {
+			metrics.shed.WithLabelValues(b.name, reason)
+		}
+	}
+}
+
 // leftUpstream is what Select returns for a request whose client left while it waited: one of
 // the pool's upstreams, which the request never reaches. Caddy's transport fails at once on the
 // request's cancelled context, and reverse_proxy then records the client's 499 without counting

@@ -63,3 +63,37 @@ func TestQueueStatusNames(t *testing.T) {
 		t.Errorf(`caddy_kvroute_tenant_tokens_served{tenant=""} exported`)
 	}
 }
+
+// The queue's metrics exist, at 0, for every configured band from the config's start: an
+// operator who looks for them before the first wait finds them (issue 40, item 15).
+func TestQueueMetricsFromStart(t *testing.T) {
+	g := newGated(t)
+	startCaddy(t, queueConfig(g, `flow_control {
+				band start-hi {
+					queue_timeout 1m
+				}
+				band start-lo {
+					queue_timeout 1m
+				}
+			}`, ""))
+	for _, band := range []string{"start-hi", "start-lo"} {
+		for _, series := range []string{
+			`caddy_kvroute_queue_requests{band="` + band + `"}`,
+			`caddy_kvroute_queue_seconds_count{band="` + band + `"}`,
+			`caddy_kvroute_shed_total{band="` + band + `",reason="timeout"}`,
+			`caddy_kvroute_shed_total{band="` + band + `",reason="queue_full"}`,
+			`caddy_kvroute_shed_total{band="` + band + `",reason="tenant_full"}`,
+		} {
+			if !metricPresent(t, series) {
+				t.Errorf("%s not exported before the first wait", series)
+			} else if v := metricValue(t, series); v != 0 {
+				t.Errorf("%s = %v before any request, want 0", series, v)
+			}
+		}
+	}
+	// Late binding without flow_control: its one band.
+	load(t, queueConfig(g, "queue_timeout 30s", ""))
+	if !metricPresent(t, `caddy_kvroute_queue_requests{band="default"}`) {
+		t.Errorf(`caddy_kvroute_queue_requests{band="default"} not exported with queue_timeout`)
+	}
+}
