@@ -715,6 +715,7 @@ func legRequest(ctx context.Context, r *http.Request, lr *llmRequest, body []byt
 	}
 	plr.body = llmreq.Hold(leg, body)
 	plr.leg = legPrefill
+	plr.legOf, plr.legEnd = lr, r.Context() // charged once, in the client's request (queue.go)
 	vars[varRequest] = plr
 
 	out := rec

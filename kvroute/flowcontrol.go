@@ -31,6 +31,9 @@ const (
 	DefaultOutputWeight = 2.0
 	// defaultBand names the one band of a queue without bands.
 	defaultBand = "default"
+	// defaultTenant names the tenant of requests without one (no tenant placeholder, or one
+	// that is empty), in the queue, the admin API and the metrics alike.
+	defaultTenant = "default"
 	// maxTenantLen bounds a tenant name (a longer one is replaced by its digest).
 	maxTenantLen = 128
 	// tenantLabels is how many tenants the metrics and the admin API name: the most served;

@@ -149,6 +149,7 @@ func (p *KVCacheAware) Provision(ctx caddy.Context) error {
 
 	warnUnprotected(parentHandler(ctx), p.logger)
 	registerMetrics(ctx.GetMetricsRegistry())
+	p.exportQueueMetrics()
 	st, err := acquireState()
 	if err != nil {
 		return err

@@ -1,6 +1,7 @@
 package kvroute
 
 import (
+	"context"
 	"encoding/json"
 	"math"
 	"net/http"
@@ -62,9 +63,10 @@ type waitQueue struct {
 	// held counts the requests waiting or handed a slot and not yet decided (read without mu
 	// on every decision: 0 means no group can have waiters).
 	held atomic.Int64
-	// own is the tokens served per tenant by this replica's requests, all its life (published
-	// to the cluster's peers); peers what the peers' records added to the queue's counters
-	// so far (under mu).
+	// own is the tokens served per tenant by this replica's requests, all its life, as their
+	// answers settled them (published to the cluster's peers: it never goes down, so a peer
+	// adds what it grew by); peers what the peers' records added to the queue's counters so
+	// far (under mu).
 	own     map[string]float64
 	peers   map[string]int64
 	running bool          // the dispatcher goroutine runs (under mu)
@@ -259,7 +261,7 @@ func groupKey(model string, pool reverseproxy.UpstreamPool) string {
 func (p *KVCacheAware) flowOf(r *http.Request) (band int, name, tenant string, timeout time.Duration) {
 	f := p.opts.flow
 	if f == nil {
-		return 0, defaultBand, "", p.opts.queueTimeout
+		return 0, defaultBand, defaultTenant, p.opts.queueTimeout
 	}
 	repl, _ := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
 	if repl == nil {
@@ -267,6 +269,9 @@ func (p *KVCacheAware) flowOf(r *http.Request) (band int, name, tenant string, t
 	}
 	if f.tenant != "" {
 		tenant = boundKey(repl.ReplaceAll(f.tenant, ""), maxTenantLen)
+	}
+	if tenant == "" {
+		tenant = defaultTenant
 	}
 	band = 0
 	if f.priority != "" {
@@ -356,6 +361,44 @@ func (p *KVCacheAware) await(pool reverseproxy.UpstreamPool, r *http.Request, w 
 	}
 	req.queued = overdue
 	return true
+}
+
+// shedReasons are the reasons of caddy_kvroute_shed_total.
+var shedReasons = [...]string{"timeout", flow.Full.String(), flow.TenantFull.String()}
+
+// exportQueueMetrics makes the queue's series of each band the policy configures exist from its
+// config's start, at 0 until a request waits or is shed: an operator looking for them before
+// the first wait finds them.
+func (p *KVCacheAware) exportQueueMetrics() {
+	f := p.opts.flow
+	if f == nil {
+		if p.opts.queueTimeout > 0 {
+			metrics.queueRequests.WithLabelValues(defaultBand)
+			metrics.queueSeconds.WithLabelValues(defaultBand)
+		}
+		return
+	}
+	for _, b := range f.bands {
+		metrics.queueRequests.WithLabelValues(b.name)
+		metrics.queueSeconds.WithLabelValues(b.name)
+		for _, reason := range shedReasons {
+			metrics.shed.WithLabelValues(b.name, reason)
+		}
+	}
+}
+
+// leftUpstream is what Select returns for a request whose client left while it waited: one of
+// the pool's upstreams, which the request never reaches. Caddy's transport fails at once on the
+// request's cancelled context, and reverse_proxy then records the client's 499 without counting
+// a failure or retrying (its handling of context.Canceled), where no upstream would make it log
+// a 503 "no upstreams available", an error of the fleet's. Nothing of the decision is recorded.
+func leftUpstream(pool reverseproxy.UpstreamPool) *reverseproxy.Upstream {
+	for _, up := range pool {
+		if up != nil {
+			return up
+		}
+	}
+	return nil
 }
 
 // unreserve gives back the slot a waiter was handed (it is decided now, or its client left).
@@ -544,47 +587,132 @@ func (p *KVCacheAware) shed(w http.ResponseWriter, r *http.Request, req *llmRequ
 	_ = http.NewResponseController(w).Flush()
 }
 
-// shedBody is a 429's error body in the API format f: Anthropic's for /v1/messages, OpenAI's
-// for the others.
+// shedBody is a 429's error body in the API format f: Anthropic's for /v1/messages, Ollama's
+// ({"error":"..."}, the string its clients read) for /api/chat and /api/generate, OpenAI's for
+// the others.
 func shedBody(f llmreq.Format, msg, reason string) []byte {
 	var v any
-	if f == llmreq.Messages {
+	switch f {
+	case llmreq.Messages:
 		v = map[string]any{"type": "error", "error": map[string]string{"type": "rate_limit_error", "message": msg}}
-	} else {
+	case llmreq.OllamaChat, llmreq.OllamaGenerate:
+		v = map[string]string{"error": msg}
+	default:
 		v = map[string]any{"error": map[string]any{"message": msg, "type": "rate_limit_exceeded", "code": reason, "param": nil}}
 	}
 	b, _ := json.Marshal(v)
 	return append(b, '\n')
 }
 
-// charge counts the request's tokens for its tenant when it is dispatched (flow_control):
-// its prompt's estimate plus output_weight × its expected output; its answer's usage
-// corrects it (settleTokens).
+// fairCharge is a request's charge in its tenant's tokens served (flow_control): counted as
+// pending when it is dispatched (flow.Queue.Charge), settled once (flow.Queue.Settle) by its
+// answer's usage or, when no answer tells, at its end at what it was charged. Its fields are
+// under waitQueue.mu once by is set.
+type fairCharge struct {
+	by      atomic.Pointer[waitQueue] // the queue charged; nil until charged
+	tenant  string
+	weight  float64 // output_weight
+	output  float64 // the output tokens charged (flow.Estimate's), for usage without them
+	charged float64
+	settled bool
+}
+
+// chargee is the request whose charge this one's decision makes: the client's request for a
+// prefill leg (llm_disaggregate), so that a request split in two is charged once.
+func (lr *llmRequest) chargee() *llmRequest {
+	if lr.legOf != nil {
+		return lr.legOf
+	}
+	return lr
+}
+
+// charge counts the request's tokens in its tenant's pending ones when it is dispatched
+// (flow_control): its prompt's estimate plus output_weight × the output expected of it (the
+// chosen upstream's mean output, else expected_tokens; its max_tokens when smaller:
+// flow.Estimate). Its answer's usage settles it (settleTokens), else its end (settleUnanswered).
+// A retry, or the second leg of a split request, is not charged again.
 func (p *KVCacheAware) charge(r *http.Request, req *llmRequest, g *gathered, chosen int) {
 	f := p.opts.flow
-	if f == nil || req.charged != 0 {
+	if f == nil {
 		return
 	}
-	out := float64(req.MaxTokens)
-	if out <= 0 {
-		out = g.snap.Candidates[chosen].MeanOutput
+	root := req.chargee()
+	c := &root.fair
+	if c.by.Load() != nil {
+		return
 	}
-	if !(out > 0) {
-		out = float64(p.opts.expectedTokens)
+	expected := g.snap.Candidates[chosen].MeanOutput
+	if !(expected > 0) {
+		expected = float64(p.opts.expectedTokens)
 	}
+	prompt := float64(g.estimate)
+	est := flow.Estimate(prompt, req.MaxTokens, expected, f.outputWeight)
 	_, _, tenant, _ := p.flowOf(r)
-	req.tenant, req.weight = tenant, f.outputWeight
-	req.outEstimate = out
-	req.charged = float64(g.estimate) + f.outputWeight*out
 	wq := p.state.wq
 	wq.mu.Lock()
-	wq.serve(tenant, req.charged)
+	if c.by.Load() != nil { // the other leg of a split request, decided meanwhile
+		wq.mu.Unlock()
+		return
+	}
+	c.tenant, c.weight, c.charged = tenant, f.outputWeight, est
+	if f.outputWeight > 0 {
+		c.output = (est - prompt) / f.outputWeight
+	}
+	wq.q.Charge(tenant, est)
+	c.by.Store(wq)
+	wq.mu.Unlock()
+	if root != req {
+		// The client's request settles it when it ends, whether or not its decode leg is
+		// ever decided (its client may leave during the prefill leg).
+		context.AfterFunc(req.legEnd, root.settleUnanswered)
+	}
+}
+
+// settleTokens settles the request's charge at what its answer's usage shows: its prompt
+// tokens plus output_weight × its output tokens (the output charged when the usage has none).
+// A prefill leg's answer (one token, llm_disaggregate) is not the request's: the decode leg's
+// settles it.
+func (s *state) settleTokens(lr *llmRequest, u usage) {
+	if !u.ok || lr.legOf != nil {
+		return
+	}
+	c := &lr.fair
+	wq := c.by.Load()
+	if wq == nil {
+		return
+	}
+	wq.mu.Lock()
+	defer wq.mu.Unlock()
+	out := c.output
+	if u.outputKnown {
+		out = u.output
+	}
+	wq.settle(c, max(0, u.prompt)+c.weight*max(0, out))
+}
+
+// settleUnanswered settles the request's charge at what it was charged when no answer told
+// what it used (without llm_feedback, an answer without usage, a client that left): at its end.
+func (lr *llmRequest) settleUnanswered() {
+	if lr.legOf != nil {
+		return
+	}
+	c := &lr.fair
+	wq := c.by.Load()
+	if wq == nil {
+		return
+	}
+	wq.mu.Lock()
+	wq.settle(c, c.charged)
 	wq.mu.Unlock()
 }
 
-// serve counts tokens served to a tenant by this replica (under mu).
-func (wq *waitQueue) serve(tenant string, tokens float64) {
-	wq.q.Serve(tenant, tokens)
+// settle settles c at used, once (under mu).
+func (wq *waitQueue) settle(c *fairCharge, used float64) {
+	if c.settled {
+		return
+	}
+	c.settled = true
+	wq.q.Settle(c.tenant, c.charged, used)
 	if len(wq.own) >= flow.DefaultMaxTenants {
 		// Client-chosen names: the least served are forgotten (the peers' sums then hold
 		// what was published of them).
@@ -597,7 +725,9 @@ func (wq *waitQueue) serve(tenant string, tokens float64) {
 			delete(wq.own, t.Name)
 		}
 	}
-	wq.own[tenant] = max(0, wq.own[tenant]+tokens)
+	if used > 0 && !math.IsInf(used, 0) {
+		wq.own[c.tenant] += used
+	}
 }
 
 // addPeers adds to the queue's counters what the cluster's peers served since the last call
@@ -633,27 +763,12 @@ func (h clusterHandler) TokensServed() map[string]int64 {
 	return m
 }
 
-// settleTokens corrects the tenant's tokens served once the answer told its usage.
-func (s *state) settleTokens(lr *llmRequest, u usage) {
-	if lr.charged == 0 || !u.ok {
-		return
-	}
-	out := lr.outEstimate
-	if u.outputKnown {
-		out = u.output
-	}
-	actual := u.prompt + lr.weight*out
-	delta := actual - lr.charged
-	lr.charged = actual
-	s.wq.mu.Lock()
-	s.wq.serve(lr.tenant, delta)
-	s.wq.mu.Unlock()
-}
-
-// queueStatus is the queue in GET /kvroute/.
+// QueueStatus is the queue in GET /kvroute/.
 type QueueStatus struct {
-	Waiting int            `json:"waiting"`
-	Bands   map[string]int `json:"bands,omitempty"` // waiting per band index ("0" first)
+	Waiting int `json:"waiting"`
+	// Bands is the requests waiting per band, by name as the metrics name them ("default"
+	// without flow_control's bands); bands of two policies with the same name together.
+	Bands map[string]int `json:"bands,omitempty"`
 	// Tenants are the tenants remembered (top tenantLabels by tokens served): tokens served
 	// as the fair share counts them, and requests waiting.
 	Tenants []TenantStatus `json:"tenants,omitempty"`
@@ -661,9 +776,12 @@ type QueueStatus struct {
 
 // TenantStatus is one tenant's share.
 type TenantStatus struct {
-	Name         string  `json:"name"`
-	TokensServed float64 `json:"tokens_served"`
-	Waiting      int     `json:"waiting"`
+	Name string `json:"name"`
+	// TokensServed is what its answers showed used (settled); TokensInFlight the estimates
+	// of its requests not answered yet (docs/design.md "When the fleet is full").
+	TokensServed   float64 `json:"tokens_served"`
+	TokensInFlight float64 `json:"tokens_in_flight,omitempty"`
+	Waiting        int     `json:"waiting"`
 }
 
 // status reads the queue.
@@ -673,11 +791,7 @@ func (s *state) queueStatus() *QueueStatus {
 	wq.addPeers(s.node())
 	defer wq.mu.Unlock()
 	st := &QueueStatus{Waiting: wq.q.Len(), Bands: map[string]int{}}
-	for b := range wq.q.Bands() {
-		if n := wq.q.LenBand(b); n > 0 {
-			st.Bands[strconv.Itoa(b)] = n
-		}
-	}
+	wq.q.Each(func(it *flow.Item) { st.Bands[it.Value.(*waiter).band]++ })
 	st.Tenants = wq.topTenants(tenantLabels)
 	return st
 }
@@ -685,8 +799,8 @@ func (s *state) queueStatus() *QueueStatus {
 // topTenants returns the n tenants with the most tokens served (under mu).
 func (wq *waitQueue) topTenants(n int) []TenantStatus {
 	var all []TenantStatus
-	wq.q.Tenants(func(name string, served float64, queued int) {
-		all = append(all, TenantStatus{Name: name, TokensServed: served, Waiting: queued})
+	wq.q.Tenants(func(name string, settled, pending float64, queued int) {
+		all = append(all, TenantStatus{Name: name, TokensServed: settled, TokensInFlight: pending, Waiting: queued})
 	})
 	sortTenants(all)
 	if len(all) > n {
@@ -695,13 +809,14 @@ func (wq *waitQueue) topTenants(n int) []TenantStatus {
 	return all
 }
 
-// sortTenants orders tenants by tokens served, most first (names break ties).
+// sortTenants orders tenants by tokens served, in flight included, most first (names break
+// ties).
 func sortTenants(ts []TenantStatus) {
 	slices.SortFunc(ts, func(a, b TenantStatus) int {
-		switch {
-		case a.TokensServed > b.TokensServed:
+		switch x, y := a.TokensServed+a.TokensInFlight, b.TokensServed+b.TokensInFlight; {
+		case x > y:
 			return -1
-		case a.TokensServed < b.TokensServed:
+		case x < y:
 			return 1
 		}
 		return strings.Compare(a.Name, b.Name)
@@ -714,7 +829,7 @@ func sortTenants(ts []TenantStatus) {
 type tenantCollector struct{}
 
 var descTenantTokens = prometheus.NewDesc(ns+"_"+sub+"_tenant_tokens_served",
-	"Tokens served per flow_control tenant as its fair share counts them (prompt plus output_weight × output; an idle tenant's count is lifted to the others' when it comes back). The most served tenants by name, the rest as other.",
+	"Tokens served per flow_control tenant as its fair share counts them, settled by its answers (prompt plus output_weight × output as their usage showed; an unanswered request at what it was charged; requests in flight are not in it; an idle tenant's count is lifted to the others' when it comes back). The most served tenants by name, the rest as other.",
 	[]string{"tenant"}, nil)
 
 func (*tenantCollector) Describe(ch chan<- *prometheus.Desc) { ch <- descTenantTokens }
@@ -728,8 +843,8 @@ func (*tenantCollector) Collect(ch chan<- prometheus.Metric) {
 	wq.mu.Lock()
 	wq.addPeers(s.node())
 	var all []TenantStatus
-	wq.q.Tenants(func(name string, served float64, queued int) {
-		all = append(all, TenantStatus{Name: name, TokensServed: served})
+	wq.q.Tenants(func(name string, settled, _ float64, _ int) {
+		all = append(all, TenantStatus{Name: name, TokensServed: settled})
 	})
 	wq.mu.Unlock()
 	sortTenants(all)

@@ -255,8 +255,8 @@ func TestQueueFlowOrder(t *testing.T) {
 	send("l3", "light", "lo", "short")
 	send("x1", "heavy", "hi", long)
 	st := adminStatus(t)
-	if st.Queue == nil || st.Queue.Waiting != 7 || st.Queue.Bands["0"] != 1 || st.Queue.Bands["1"] != 6 {
-		t.Errorf("GET /kvroute/ queue %+v, want 7 waiting: 1 in band 0, 6 in band 1", st.Queue)
+	if st.Queue == nil || st.Queue.Waiting != 7 || st.Queue.Bands["hi"] != 1 || st.Queue.Bands["lo"] != 6 {
+		t.Errorf("GET /kvroute/ queue %+v, want 7 waiting: 1 in band hi, 6 in band lo", st.Queue)
 	}
 	g.releaseN(t, 8)
 	mustOK(t, first)
@@ -492,25 +492,42 @@ func TestQueueLearnedSlots(t *testing.T) {
 	}
 }
 
-// A tenant's tokens served are charged when its request is dispatched (the prompt's estimate
-// plus output_weight × max_tokens) and corrected from the answer's usage through llm_feedback:
-// 10 prompt and 5 completion tokens at weight 2 make 20.
+// A tenant's tokens are charged as in flight when its request is dispatched (the prompt's
+// estimate plus output_weight × the output expected: max_tokens 1 here) and settled from the
+// answer's usage through llm_feedback: 10 prompt and 5 completion tokens at weight 2 make 20.
 func TestQueueTokensCorrectedByUsage(t *testing.T) {
 	g := newGated(t)
 	cfg := queueConfig(g, "flow_control {\n\t\t\t\ttenant {http.request.header.X-Tenant}\n\t\t\t}", "")
 	cfg = strings.Replace(cfg, "\t@llm llm_prompt\n", "\t@llm llm_prompt\n\tllm_feedback\n", 1)
 	startCaddy(t, cfg)
 	series := `caddy_kvroute_tenant_tokens_served{tenant="usage-tenant"}`
-	body := strings.Replace(chatBody("m", strings.Repeat("a prompt of some length. ", 40)), `{"model":"m",`, `{"model":"m","max_tokens":1,`, 1)
+	body := withMaxTokens(strings.Repeat("a prompt of some length. ", 40), 1)
 	ch := postAsync(context.Background(), "/v1/chat/completions", body, "X-Tenant", "usage-tenant")
 	waitFor(t, func() bool { return len(g.arrived()) == 1 }, "the request reaches the upstream")
-	charged := metricValue(t, series)
-	if charged < 200 || charged > 300 {
-		t.Errorf("charged %v tokens at dispatch for a prompt of ~250 tokens and max_tokens 1, want its estimate + 2", charged)
+	ts := tenantStatus(t, "usage-tenant")
+	if ts.TokensInFlight < 200 || ts.TokensInFlight > 300 || ts.TokensServed != 0 {
+		t.Errorf("at dispatch: %v tokens in flight, %v served, for a prompt of ~250 tokens and max_tokens 1: want its estimate + 2 in flight, none served", ts.TokensInFlight, ts.TokensServed)
 	}
 	g.releaseN(t, 1)
 	mustOK(t, ch)
-	waitFor(t, func() bool { return metricValue(t, series) == 20 }, fmt.Sprintf("tokens served corrected to the usage's 10 + 2×5 (charged %v, now %v)", charged, metricValue(t, series)))
+	waitFor(t, func() bool { return metricValue(t, series) == 20 }, fmt.Sprintf("tokens served settled at the usage's 10 + 2×5 (now %v)", metricValue(t, series)))
+	if ts := tenantStatus(t, "usage-tenant"); ts.TokensServed != 20 || ts.TokensInFlight != 0 {
+		t.Errorf("after the answer: %v served, %v in flight; want 20, 0", ts.TokensServed, ts.TokensInFlight)
+	}
+}
+
+// tenantStatus returns tenant name's share in GET /kvroute/.
+func tenantStatus(t *testing.T, name string) TenantStatus {
+	t.Helper()
+	if q := adminStatus(t).Queue; q != nil {
+		for _, ts := range q.Tenants {
+			if ts.Name == name {
+				return ts
+			}
+		}
+	}
+	t.Fatalf("tenant %q not in GET /kvroute/", name)
+	return TenantStatus{}
 }
 
 // Without flow_control, a request that finds the queue full (10,000 waiting; here 1) goes on
@@ -546,7 +563,7 @@ func TestQueueFlowOf(t *testing.T) {
 	}{
 		{"", "acme", 0, "acme"},
 		{"mid", "acme", 1, "acme"},
-		{"lo", "", 2, ""},
+		{"lo", "", 2, defaultTenant}, // no tenant: the one the metrics name
 		{"urgent!!", "acme", 2, "acme"},
 		{"hi", strings.Repeat("t", 200), 0, boundKey(strings.Repeat("t", 200), maxTenantLen)},
 	} {

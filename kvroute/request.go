@@ -77,9 +77,12 @@ type llmRequest struct {
 	slot   *waiter
 	waited time.Duration
 	shed   atomic.Bool
-	// Its tenant's tokens served (flow_control): charged at dispatch, corrected by its usage.
-	tenant                       string
-	weight, outEstimate, charged float64
+	// fair is its charge in its tenant's tokens served (flow_control, queue.go). A prefill leg
+	// (llm_disaggregate) is charged in legOf, the client's request it runs for, whose context
+	// is legEnd: a request split in two is charged once.
+	fair   fairCharge
+	legOf  *llmRequest
+	legEnd context.Context
 }
 
 // requestFor returns the request's extracted LLM request, reading at most maxBody bytes of the
@@ -277,6 +280,7 @@ func (s *state) watchEnd(r *http.Request, lr *llmRequest) {
 
 // ended is what the request's end does (watchEnd).
 func (lr *llmRequest) ended() {
+	lr.settleUnanswered()
 	lr.untrack()
 	if lr.judgeBy != nil {
 		lr.judgeBy.judgeEnd(lr.repl, lr)

@@ -96,7 +96,10 @@ func (p *KVCacheAware) selectUpstream(pool reverseproxy.UpstreamPool, r *http.Re
 		// that moment.
 		unlock()
 		if !p.await(pool, r, w, req) {
-			return nil
+			if req.shed.Load() {
+				return nil
+			}
+			return leftUpstream(pool)
 		}
 		if req.slot != nil {
 			// The slot it was handed is given back once its decision counts it (below), or

@@ -338,9 +338,10 @@ func TestFlowSlotsLearned(t *testing.T) {
 	}
 }
 
-// A tenant is charged at dispatch the router's estimate of the prompt tokens plus the output
-// weight times max_tokens, and the charge is corrected to the answer's usage; an aborted
-// request keeps its estimate (no usage to correct it with).
+// A tenant is charged at dispatch, as pending, the router's estimate of the prompt tokens plus
+// the output weight times the output expected (expected_tokens before a mean output is
+// learned, at most max_tokens), and the charge is settled at the answer's usage; an aborted
+// request at its estimate (no usage to settle it with).
 func TestFlowCharges(t *testing.T) {
 	k := FlowPolicy(decide.DefaultRule).New(1).(*kvRouter)
 	k.Start([]EngineInfo{{ID: "engine-0", Model: "m"}})
@@ -350,18 +351,22 @@ func TestFlowCharges(t *testing.T) {
 		t.Fatalf("Route = %d, want engine 0 (no slots learned: never full)", i)
 	}
 	est := float64(k.tokensOf("m", int64(r.Chars))) + kvFlowOutputWeight*50
-	if got := k.queue.Served("a"); got != est || est != 500+100 {
-		t.Fatalf("charged %v at dispatch, want the estimate %v (500 prompt tokens at 4 chars per token + 2 × 50)", got, est)
+	if settled, pending := k.queue.Served("a"); settled != 0 || pending != est || est != 500+100 {
+		t.Fatalf("charged %v (+%v settled) at dispatch, want the estimate %v pending (500 prompt tokens at 4 chars per token + 2 × 50)", pending, settled, est)
 	}
 	k.Done(2*time.Second, r, 0, Usage{PromptTokens: 480, CompletionTokens: 30, FirstToken: time.Second + time.Millisecond})
-	if got, want := k.queue.Served("a"), 480.0+kvFlowOutputWeight*30; got != want {
-		t.Fatalf("served %v after the answer, want its usage %v", got, want)
+	if settled, pending := k.queue.Served("a"); settled != 480.0+kvFlowOutputWeight*30 || pending != 0 {
+		t.Fatalf("served %v (+%v pending) after the answer, want its usage %v", settled, pending, 480.0+kvFlowOutputWeight*30)
 	}
-	r2 := &Request{ID: 8, Model: "m", Tenant: "a", Text: r.Text, Chars: r.Chars, Output: 50}
+	// max_tokens above expected_tokens: charged at expected_tokens (256).
+	r2 := &Request{ID: 8, Model: "m", Tenant: "a", Text: r.Text, Chars: r.Chars, Output: 100000}
 	k.Route(3*time.Second, r2)
+	if _, pending := k.queue.Served("a"); pending != 500+kvFlowOutputWeight*256 {
+		t.Fatalf("charged %v for max_tokens 100000, want 500 + 2 × 256 (expected_tokens)", pending)
+	}
 	k.Done(4*time.Second, r2, 0, Usage{Aborted: true})
-	if got, want := k.queue.Served("a"), 540+est; got != want {
-		t.Fatalf("served %v after an aborted request, want %v", got, want)
+	if settled, pending := k.queue.Served("a"); settled != 540+500+kvFlowOutputWeight*256 || pending != 0 {
+		t.Fatalf("served %v (+%v pending) after an aborted request, want %v", settled, pending, 540+500+kvFlowOutputWeight*256)
 	}
 	if len(k.fc.charged) != 0 {
 		t.Errorf("charges left: %v", k.fc.charged)

@@ -29,9 +29,10 @@ import (
 // free, and that request is routed by kvroute's decision at that moment among the engines
 // that are not full. A request offered once it has waited its band's queue timeout is shed (a
 // 429), and so is one that finds max_queued waiting. Tokens served are charged to the tenant
-// at dispatch, the router's estimate of the prompt tokens plus kvFlowOutputWeight ×
-// max_tokens, and corrected when the answer's usage comes (prompt tokens plus the weight ×
-// completion tokens).
+// as pending at dispatch, as kvroute's Select charges them (flow.Estimate: the router's
+// estimate of the prompt tokens plus kvFlowOutputWeight × the chosen engine's mean output,
+// else expected_tokens, at most max_tokens), and settled when the answer's usage comes
+// (prompt tokens plus the weight × completion tokens; an aborted request at its charge).
 type flowControl struct {
 	bands     []flowBand
 	maxQueued int
@@ -127,24 +128,27 @@ func (k *kvRouter) admitFlow(now time.Duration, req *Request) int {
 	return admitted
 }
 
-// charge counts req's estimated tokens to its tenant at dispatch.
-func (f *flowControl) charge(q *flow.Queue, req *Request, promptEstimate int64) {
-	tokens := float64(promptEstimate) + kvFlowOutputWeight*float64(req.Output)
-	q.Serve(req.Tenant, tokens)
+// charge counts req's estimated tokens in its tenant's pending ones at dispatch; expected is
+// the output expected of it (the chosen engine's mean output, else expected_tokens).
+func (f *flowControl) charge(q *flow.Queue, req *Request, promptEstimate int64, expected float64) {
+	tokens := flow.Estimate(float64(promptEstimate), req.Output, expected, kvFlowOutputWeight)
+	q.Charge(req.Tenant, tokens)
 	f.charged[req.ID] = tokens
 }
 
-// correct replaces req's charge by what its answer's usage says (an aborted request keeps its
-// estimate: there is no usage to correct it with).
+// correct settles req's charge at what its answer's usage says (an aborted request at its
+// estimate: there is no usage to settle it with).
 func (f *flowControl) correct(q *flow.Queue, req *Request, u Usage) {
 	charged, ok := f.charged[req.ID]
 	if !ok {
 		return
 	}
 	delete(f.charged, req.ID)
+	used := charged
 	if !u.Aborted {
-		q.Serve(req.Tenant, float64(u.PromptTokens)+kvFlowOutputWeight*float64(u.CompletionTokens)-charged)
+		used = float64(u.PromptTokens) + kvFlowOutputWeight*float64(u.CompletionTokens)
 	}
+	q.Settle(req.Tenant, charged, used)
 }
 
 // FlowPolicy is kv_flow: kv_cache_aware (decision def) with flow control, drawing from the

@@ -392,7 +392,11 @@ func (k *kvRouter) Route(now time.Duration, req *Request) int {
 	u.model, u.modelSet = req.Model, true
 	k.last.path, k.last.engine, k.last.cands, k.last.req = res.Path, i, dc, snap.Request
 	if k.fc != nil {
-		k.fc.charge(k.queue, req, estimate)
+		expected := c.MeanOutput
+		if !(expected > 0) {
+			expected = float64(k.opts.ExpectedTokens)
+		}
+		k.fc.charge(k.queue, req, estimate, expected)
 	}
 	return i
 }

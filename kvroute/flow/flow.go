@@ -3,6 +3,17 @@
 // in which they go when capacity frees: priority bands, then fair shares between tenants by
 // tokens served (the Virtual Token Counter of Sheng et al., OSDI 2024), then arrival order.
 //
+// A tenant's tokens served are two figures. Settled: what the answers of its requests showed
+// they used (or, for a request whose answer told nothing, its estimate once it ended); it only
+// grows. Pending: the estimates of its requests in flight (Charge), each replaced by what its
+// answer shows (Settle). The order counts both, so that a tenant's requests in flight weigh as
+// they do in VTC, where input is charged at admission and output as it is generated. A tenant
+// that starts waiting is lifted to the settled figures of the others, never to their pending
+// ones: an estimate that the answer corrects down (a declared max_tokens, an output shorter
+// than expected) would otherwise stay in every tenant lifted to it meanwhile, and buy the
+// tenant that declared it precedence until it has been served all it declared. The pending
+// output is charged at an estimate (Estimate), never at the declared max_tokens when larger.
+//
 // It is pure (stdlib only, no clock, no locks, no goroutines): kvroute's Select (in Caddy,
 // under its own lock, on the wall clock) and the fleet simulator (on a virtual clock) run the
 // same queue. Timeouts are the caller's: it removes a request that waited too long (Remove).
@@ -14,7 +25,10 @@
 // kept per tenant, band and model).
 package flow
 
-import "slices"
+import (
+	"math"
+	"slices"
+)
 
 // Config is a queue's settings.
 type Config struct {
@@ -24,8 +38,8 @@ type Config struct {
 	// tenant's (0: no bound).
 	MaxQueued, MaxQueuedPerTenant int
 	// MaxTenants bounds the tenants remembered (their tokens served): beyond it, the idle
-	// tenants least recently seen are forgotten (DefaultMaxTenants when 0). A tenant that waits
-	// is never forgotten.
+	// tenants least recently seen are forgotten (DefaultMaxTenants when 0). A tenant that waits,
+	// or has a request in flight, is never forgotten.
 	MaxTenants int
 }
 
@@ -78,12 +92,15 @@ type fifo struct {
 	n          int
 }
 
-// tenant is one fairness id's counter and its waiting requests.
+// tenant is one fairness id's counters and its waiting requests.
 type tenant struct {
-	name   string
-	served float64 // tokens served, as the Virtual Token Counter counts them
-	seen   uint64  // the queue's clock when it last pushed or was served
-	queued int     // requests waiting, all bands
+	name string
+	// settled is the tokens its answers showed used (never goes down); pending the estimates
+	// of its requests in flight. It goes in the order of settled + pending.
+	settled, pending float64
+	flying           int    // its requests charged and not settled
+	seen             uint64 // the queue's clock when it last pushed or was served
+	queued           int    // requests waiting, all bands
 	// flows are its non-empty fifos, per band.
 	flows [][]*fifo
 }
@@ -100,7 +117,7 @@ type Queue struct {
 	backlogged [][]*tenant
 	seq        uint64  // arrival order
 	clock      uint64  // ticks per Push and Serve (for forgetting idle tenants)
-	high       float64 // the highest counter seen: where a tenant arriving at an empty queue starts
+	high       float64 // the highest settled count seen: where a tenant arriving at an empty queue starts
 }
 
 // New returns an empty queue.
@@ -144,9 +161,10 @@ func (q *Queue) LenTenant(name string) int {
 }
 
 // Push adds it at the end of its flow, unless a bound refuses it (its verdict says which).
-// A tenant with nothing waiting banks no credit for the time it was idle: its counter is
-// lifted to the least counter of the tenants waiting (or, when none waits, the highest seen),
-// so that it competes from where the others stand, as the Virtual Token Counter does.
+// A tenant with nothing waiting banks no credit for the time it was idle: its settled count is
+// lifted to the least settled count of the tenants waiting (or, when none waits, the highest
+// seen), so that it competes from where the others stand, as the Virtual Token Counter does;
+// their pending estimates are left out (see the package comment).
 func (q *Queue) Push(it *Item) Verdict {
 	if it.list != nil {
 		panic("flow: Push of an item already waiting")
@@ -163,7 +181,7 @@ func (q *Queue) Push(it *Item) Verdict {
 	}
 	it.Band = min(max(it.Band, 0), q.bands-1)
 	if t.queued == 0 {
-		t.served = max(t.served, q.floor())
+		t.settled = max(t.settled, q.floor())
 	}
 	q.clock++
 	t.seen = q.clock
@@ -193,14 +211,14 @@ func (q *Queue) Push(it *Item) Verdict {
 	return Queued
 }
 
-// floor is where a tenant that starts waiting starts: the least counter of those waiting, or,
-// when none waits, the highest counter seen.
+// floor is where a tenant that starts waiting starts: the least settled count of those
+// waiting, or, when none waits, the highest settled count seen.
 func (q *Queue) floor() float64 {
 	lo, any := 0.0, false
 	for b := range q.backlogged {
 		for _, t := range q.backlogged[b] {
-			if !any || t.served < lo {
-				lo, any = t.served, true
+			if !any || t.settled < lo {
+				lo, any = t.settled, true
 			}
 		}
 	}
@@ -208,6 +226,19 @@ func (q *Queue) floor() float64 {
 		return q.high
 	}
 	return lo
+}
+
+// Each calls fn for each request waiting, band by band, highest first.
+func (q *Queue) Each(fn func(*Item)) {
+	for b := range q.backlogged {
+		for _, t := range q.backlogged[b] {
+			for _, f := range t.flows[b] {
+				for it := f.head; it != nil; it = it.next {
+					fn(it)
+				}
+			}
+		}
+	}
 }
 
 // Remove takes it out of the queue (its client left, or it waited too long); false when it was
@@ -248,8 +279,8 @@ func (q *Queue) Remove(it *Item) bool {
 
 // Next removes and returns the request that goes first among those whose model ready says
 // can go now (nil: none): the highest band with one; in it, the tenant with the fewest tokens
-// served (ties: the earliest request); the tenant's earliest request that can go. ready may be
-// called more than once for a model: it must answer the same each time.
+// served, settled and pending (ties: the earliest request); the tenant's earliest request that
+// can go. ready may be called more than once for a model: it must answer the same each time.
 func (q *Queue) Next(ready func(model string) bool) *Item {
 	if q.n == 0 {
 		return nil
@@ -261,7 +292,8 @@ func (q *Queue) Next(ready func(model string) bool) *Item {
 		var best *Item
 		var bestServed float64
 		for _, t := range q.backlogged[b] {
-			if best != nil && t.served > bestServed {
+			served := t.served()
+			if best != nil && served > bestServed {
 				continue
 			}
 			var head *Item
@@ -273,8 +305,8 @@ func (q *Queue) Next(ready func(model string) bool) *Item {
 			if head == nil {
 				continue
 			}
-			if best == nil || t.served < bestServed || head.seq < best.seq {
-				best, bestServed = head, t.served
+			if best == nil || served < bestServed || head.seq < best.seq {
+				best, bestServed = head, served
 			}
 		}
 		if best != nil {
@@ -285,38 +317,93 @@ func (q *Queue) Next(ready func(model string) bool) *Item {
 	return nil
 }
 
-// Serve counts tokens served to tenant name (a negative figure corrects an estimate): a
-// request's prompt tokens plus a weight times its output, charged when it is dispatched and
-// corrected when its answer tells. Requests that never waited count too, and so do a cluster
-// peer's (so a tenant cannot get N times its share over N replicas).
-func (q *Queue) Serve(name string, tokens float64) {
-	if tokens == 0 || tokens != tokens {
+// Estimate is what a request is charged while it is in flight: its prompt tokens plus weight
+// × the output expected of it, expected (the mean output learned from the engines, else a
+// configured default), or its max_tokens when smaller (an engine stops there). A max_tokens
+// above the expectation is not the output's measure: clients send their context window, or
+// 2,147,483,647, and an answer that shows what was used settles the charge anyway (Settle).
+func Estimate(prompt float64, maxTokens int, expected, weight float64) float64 {
+	out := expected
+	if !(out > 0) || math.IsInf(out, 0) {
+		out = 0
+	}
+	if maxTokens > 0 {
+		out = min(out, float64(maxTokens))
+	}
+	return max(prompt, 0) + weight*out
+}
+
+// Charge counts a dispatched request's estimate (Estimate) in tenant name's pending tokens,
+// until Settle replaces it. Requests that never waited count too.
+func (q *Queue) Charge(name string, estimate float64) {
+	if !(estimate > 0) || math.IsInf(estimate, 0) {
 		return
 	}
+	t := q.touch(name)
+	t.pending += estimate
+	t.flying++
+}
+
+// Settle replaces a request's charge (what Charge counted of it) by used, the tokens its
+// answer showed it used (its estimate again when the answer told nothing).
+func (q *Queue) Settle(name string, charged, used float64) {
+	t := q.touch(name)
+	if charged > 0 && !math.IsInf(charged, 0) && t.flying > 0 {
+		t.flying--
+		t.pending = max(0, t.pending-charged)
+		if t.flying == 0 {
+			t.pending = 0 // no rounding left over
+		}
+	}
+	q.settle(t, used)
+}
+
+// Serve counts tokens served to tenant name that no Charge counted: a cluster peer's (so that
+// a tenant cannot get N times its share over N replicas). A figure below 0 counts nothing.
+func (q *Queue) Serve(name string, tokens float64) {
+	if !(tokens > 0) || math.IsInf(tokens, 0) {
+		return
+	}
+	q.settle(q.touch(name), tokens)
+}
+
+func (q *Queue) settle(t *tenant, used float64) {
+	if used > 0 && !math.IsInf(used, 0) {
+		t.settled += used
+		q.high = max(q.high, t.settled)
+	}
+}
+
+// touch returns tenant name, remembered as seen now.
+func (q *Queue) touch(name string) *tenant {
 	t := q.tenants[name]
 	if t == nil {
 		t = q.tenant(name)
 	}
-	t.served = max(0, t.served+tokens)
-	q.high = max(q.high, t.served)
 	q.clock++
 	t.seen = q.clock
+	return t
 }
 
-// Served returns tenant name's tokens served as the queue counts them.
-func (q *Queue) Served(name string) float64 {
+// Served returns tenant name's tokens served: settled (its answers) and pending (its requests
+// in flight).
+func (q *Queue) Served(name string) (settled, pending float64) {
 	if t := q.tenants[name]; t != nil {
-		return t.served
+		return t.settled, t.pending
 	}
-	return 0
+	return 0, 0
 }
 
-// Tenants calls fn for each tenant remembered: its name, tokens served and requests waiting.
-func (q *Queue) Tenants(fn func(name string, served float64, queued int)) {
+// Tenants calls fn for each tenant remembered: its name, tokens served (settled, pending) and
+// requests waiting.
+func (q *Queue) Tenants(fn func(name string, settled, pending float64, queued int)) {
 	for name, t := range q.tenants {
-		fn(name, t.served, t.queued)
+		fn(name, t.settled, t.pending, t.queued)
 	}
 }
+
+// served is what orders t among the tenants waiting.
+func (t *tenant) served() float64 { return t.settled + t.pending }
 
 // tenant returns a new tenant named name, forgetting idle ones first if the bound is reached.
 func (q *Queue) tenant(name string) *tenant {
@@ -328,12 +415,13 @@ func (q *Queue) tenant(name string) *tenant {
 	return t
 }
 
-// forget drops the idle tenants least recently seen until a tenth of the bound is free (or no
-// idle tenant is left): what they were served is forgotten, as an idle tenant's credit is.
+// forget drops the idle tenants (nothing waiting, nothing in flight) least recently seen until
+// a tenth of the bound is free (or no idle tenant is left): what they were served is
+// forgotten, as an idle tenant's credit is.
 func (q *Queue) forget() {
 	idle := make([]*tenant, 0, len(q.tenants))
 	for _, t := range q.tenants {
-		if t.queued == 0 {
+		if t.queued == 0 && t.flying == 0 {
 			idle = append(idle, t)
 		}
 	}

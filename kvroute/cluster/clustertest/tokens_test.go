@@ -12,6 +12,12 @@ import (
 // tenantTokens is tenant's tokens served as r's queue counts them (GET /kvroute/), 0 when r
 // does not name it.
 func (r *replica) tenantTokens(t *testing.T, tenant string) float64 {
+	served, _ := r.tenantShare(t, tenant)
+	return served
+}
+
+// tenantShare is tenant's tokens served (settled) and in flight as r's queue counts them.
+func (r *replica) tenantShare(t *testing.T, tenant string) (served, inFlight float64) {
 	t.Helper()
 	resp, err := http.Get("http://" + r.admin + "/kvroute/")
 	if err != nil {
@@ -21,8 +27,9 @@ func (r *replica) tenantTokens(t *testing.T, tenant string) float64 {
 	var st struct {
 		Queue struct {
 			Tenants []struct {
-				Name         string  `json:"name"`
-				TokensServed float64 `json:"tokens_served"`
+				Name           string  `json:"name"`
+				TokensServed   float64 `json:"tokens_served"`
+				TokensInFlight float64 `json:"tokens_in_flight"`
 			} `json:"tenants"`
 		} `json:"queue"`
 	}
@@ -31,10 +38,10 @@ func (r *replica) tenantTokens(t *testing.T, tenant string) float64 {
 	}
 	for _, tt := range st.Queue.Tenants {
 		if tt.Name == tenant {
-			return tt.TokensServed
+			return tt.TokensServed, tt.TokensInFlight
 		}
 	}
-	return 0
+	return 0, 0
 }
 
 // Replicas share the tokens served per tenant (flow_control's fair shares): what A served a
@@ -57,6 +64,8 @@ func TestReplicasShareTokensServed(t *testing.T) {
 			t.Fatalf("acme's request %d on A: status %d", i, code)
 		}
 	}
+	// A request's charge is settled when it ends, just after its answer reached the client.
+	eventually(t, 10*time.Second, "A settles acme's requests", func() bool { _, f := a.tenantShare(t, "acme"); return f == 0 })
 	own := a.tenantTokens(t, "acme")
 	if own < 5*800 {
 		t.Fatalf("A counts %v tokens served to acme for 5 prompts of ~850 tokens, want more", own)
