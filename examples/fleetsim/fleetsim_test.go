@@ -2,8 +2,10 @@ package fleetsim
 
 import (
 	"bytes"
+	"errors"
 	"reflect"
 	"regexp"
+	"strings"
 	"testing"
 	"time"
 
@@ -318,5 +320,45 @@ func TestUndefinedFiguresAreNull(t *testing.T) {
 	}
 	if f.unserved != 1 {
 		t.Errorf("unserved %d, want 1", f.unserved)
+	}
+}
+
+// A card whose run fails keeps the runs that finished: RunCard returns them with the error,
+// and OnRun saw each as it finished. An input that cannot be read at all stops the card
+// before its first run.
+func TestCardKeepsFinishedRuns(t *testing.T) {
+	ok := *scenario(t, "chat-80")
+	failing := ok
+	failing.Name = "chat-80-seed-2-fails"
+	failing.Workload = func(requests int, seed uint64) (*Workload, error) {
+		if seed == 2 {
+			return nil, errors.New("no workload for seed 2")
+		}
+		return ok.Workload(requests, seed)
+	}
+	var seen []int
+	opts := Options{List: []*Scenario{&ok, &failing}, Seeds: 2, MaxRequests: 200, Parallel: 1,
+		OnRun: func(c *Card, total int) {
+			if total != 4 {
+				t.Errorf("OnRun: %d runs in all, want 4", total)
+			}
+			seen = append(seen, len(c.Scenarios))
+		}}
+	card, err := RunCard(opts)
+	if err == nil || !strings.Contains(err.Error(), "chat-80-seed-2-fails seed 2: no workload for seed 2") {
+		t.Fatalf("err %v, want the failing run's", err)
+	}
+	if card == nil || len(card.Scenarios) != 3 {
+		t.Fatalf("card %+v: want the 3 runs that finished", card)
+	}
+	if !reflect.DeepEqual(seen, []int{1, 2, 3}) {
+		t.Errorf("OnRun saw cards of %v runs, want 1, 2, 3", seen)
+	}
+
+	failing.Workload = func(int, uint64) (*Workload, error) { return nil, errors.New("trace missing") }
+	seen = nil
+	card, err = RunCard(opts)
+	if err == nil || !strings.Contains(err.Error(), "trace missing") || card != nil || seen != nil {
+		t.Fatalf("an unreadable input: card %v, err %v, %d runs done; want no run and the error", card, err, len(seen))
 	}
 }

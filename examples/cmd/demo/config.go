@@ -135,7 +135,7 @@ func parseFlags(args []string) (*config, error) {
 	fs.BoolVar(&cfg.openLoop, "open", false, "open loop: chat conversations arrive at -rate, mooncake requests at the trace's times × -time-scale; closed loop: -concurrency clients, each sending its next conversation turn or trace request (in trace order) when its previous answer ends (default: chat closed, mooncake open; -open=false replays the trace closed loop)")
 	fs.Float64Var(&cfg.chat.Rate, "rate", cfg.chat.Rate, "chat, open loop: conversations started per second")
 
-	fs.StringVar(&cfg.trace, "trace", "", "mooncake: trace file (default: ../shared/workloads/"+workload.TraceFile+", found from the working directory up)")
+	fs.StringVar(&cfg.trace, "trace", "", "mooncake: a Mooncake-format trace file, plain or gzip-compressed (default: the trace shipped in examples/workload/traces, or $KVROUTE_WORKLOADS/"+workload.TraceFile+" when that variable is set)")
 	fs.IntVar(&cfg.limit, "limit", 0, "send only the first N sessions (trace requests or conversations), after sampling; 0: all")
 	fs.IntVar(&cfg.sample, "sample", 1, "mooncake: keep one trace request in N (timestamps kept)")
 	fs.Float64Var(&cfg.timeScale, "time-scale", 0, fmt.Sprintf("open loop: multiply send times (default: mooncake %g, chat 1)", mooncakeTimeScale))
@@ -286,11 +286,6 @@ func (c *config) finish() error {
 		if !c.openSet {
 			c.openLoop = true
 		}
-		if c.trace == "" {
-			if c.trace = workload.FindTrace(workload.TraceFile); c.trace == "" {
-				return errors.New("mooncake trace not found: pass -trace")
-			}
-		}
 	case "conversation":
 		// The fleet simulator's look-alike of Mooncake's conversation trace, closed loop
 		// unless -open: what demosim's demo-conversation-closed-16-4slots runs.
@@ -351,7 +346,11 @@ func (c *config) workload() (workload.Workload, error) {
 		w.Name = "conversation"
 		return w, nil
 	}
-	reqs, err := workload.LoadMooncake(c.trace)
+	load := workload.Mooncake
+	if c.trace != "" {
+		load = func() ([]workload.Request, error) { return workload.LoadMooncake(c.trace) }
+	}
+	reqs, err := load()
 	if err != nil {
 		return workload.Workload{}, err
 	}

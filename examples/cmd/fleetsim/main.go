@@ -10,6 +10,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -28,23 +29,23 @@ func main() {
 
 // run is the command with its arguments and outputs: the exit code (2 for bad flags).
 func run(args []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("fleetsim", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	out := fs.String("out", "", "directory to write scorecard.json into (required)")
-	scen := fs.String("scenarios", "", "run only the scenarios whose name matches this regular expression")
-	seeds := fs.Int("seeds", 3, "seeds per scenario (1..N)")
-	parallel := fs.Int("parallel", 0, "scenario-seeds run at once (default: GOMAXPROCS)")
-	def := fs.String("default", "", "the decision kvroute's kv_cache_aware runs: thresholds or cost (default: kvroute's own default)")
-	list := fs.Bool("list", false, "list the scenarios and exit")
-	slots := fs.Int("slots", 0, "with -diagnose: run every engine with this many batch slots (max_num_seqs) instead of the scenario's")
-	tune := fs.String("options", "", "change the decision's options of kvroute's policies (an experiment: -diagnose's and the card's), comma-separated: cache_threshold=X, balance_abs=N, balance_rel=X, on_imbalance=least_busy|prefix_in_band, fallback=joule|least_busy|round_robin|random, slot_rank=0|1, slot_move=0|1, speed_rank=0|1, full_stay=0|1; late binding: queue_timeout=SECONDS (0: off), hold_margin=N (hold when every engine runs its learned slots + N); kv_flow (the flow-control scenarios' policy): hold_margin, flow_spread=N (a request may go to an engine up to N beyond full)")
-	diagnose := fs.Bool("diagnose", false, "instead of the card: diagnose kvroute's decisions (kv_thresholds, kv_cost) on the chosen scenarios and seeds: per decision path, how often a full engine was chosen while another was free")
-	requests := fs.Int("requests", 0, "cap every scenario's requests (a quick look; the card's figures are for the full counts)")
-	only := fs.String("policies", "", "run only the policies whose name matches this regular expression (with -compare's -base, a card of kvroute's policies alone can be judged)")
-	compare := fs.String("compare", "", "instead of running: judge scorecard.json files against issue 34's targets (medians over seeds; BEFORE[,AFTER]: both, and the change)")
-	policy := fs.String("policy", "kv_cache_aware", "with -compare: the policy judged")
-	base := fs.String("base", "", "with -compare: a scorecard.json to take the baselines and the oracle from where a card lacks them")
-	if err := fs.Parse(args); err != nil {
+	flags := flag.NewFlagSet("fleetsim", flag.ContinueOnError)
+	flags.SetOutput(stderr)
+	out := flags.String("out", "", "directory to write scorecard.json into (required)")
+	scen := flags.String("scenarios", "", "run only the scenarios whose name matches this regular expression")
+	seeds := flags.Int("seeds", 3, "seeds per scenario (1..N)")
+	parallel := flags.Int("parallel", 0, "scenario-seeds run at once (default: GOMAXPROCS)")
+	def := flags.String("default", "", "the decision kvroute's kv_cache_aware runs: thresholds or cost (default: kvroute's own default)")
+	list := flags.Bool("list", false, "list the scenarios and exit")
+	slots := flags.Int("slots", 0, "with -diagnose: run every engine with this many batch slots (max_num_seqs) instead of the scenario's")
+	tune := flags.String("options", "", "change the decision's options of kvroute's policies (an experiment: -diagnose's and the card's), comma-separated: cache_threshold=X, balance_abs=N, balance_rel=X, on_imbalance=least_busy|prefix_in_band, fallback=joule|least_busy|round_robin|random, slot_rank=0|1, slot_move=0|1, speed_rank=0|1, full_stay=0|1; late binding: queue_timeout=SECONDS (0: off), hold_margin=N (hold when every engine runs its learned slots + N); kv_flow (the flow-control scenarios' policy): hold_margin, flow_spread=N (a request may go to an engine up to N beyond full)")
+	diagnose := flags.Bool("diagnose", false, "instead of the card: diagnose kvroute's decisions (kv_thresholds, kv_cost) on the chosen scenarios and seeds: per decision path, how often a full engine was chosen while another was free")
+	requests := flags.Int("requests", 0, "cap every scenario's requests (a quick look; the card's figures are for the full counts)")
+	only := flags.String("policies", "", "run only the policies whose name matches this regular expression (with -compare's -base, a card of kvroute's policies alone can be judged)")
+	compare := flags.String("compare", "", "instead of running: judge scorecard.json files against issue 34's targets (medians over seeds; BEFORE[,AFTER]: both, and the change)")
+	policy := flags.String("policy", "kv_cache_aware", "with -compare: the policy judged")
+	base := flags.String("base", "", "with -compare: a scorecard.json to take the baselines and the oracle from where a card lacks them")
+	if err := flags.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
 		}
@@ -100,7 +101,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	if *out == "" {
 		fmt.Fprintln(stderr, "fleetsim: -out DIR is required")
-		fs.Usage()
+		flags.Usage()
 		return 2
 	}
 	opts := fleetsim.Options{Seeds: *seeds, Parallel: *parallel, Default: *def, Log: stderr, MaxRequests: *requests}
@@ -146,29 +147,54 @@ func run(args []string, stdout, stderr io.Writer) int {
 		opts.Scenarios = re
 	}
 	start := time.Now()
-	card, err := fleetsim.RunCard(opts)
-	if err != nil {
-		fmt.Fprintf(stderr, "fleetsim: %v\n", err)
-		return 1
-	}
-	js, err := card.JSON()
-	if err != nil {
-		fmt.Fprintf(stderr, "fleetsim: %v\n", err)
-		return 1
-	}
+	// DIR first: a card that runs for minutes must have somewhere to go. Each run that
+	// finishes is kept in scorecard.partial.json at once, so that a run failing later (or an
+	// interrupt) loses none; the whole card replaces it at the end.
 	if err := os.MkdirAll(*out, 0o755); err != nil {
 		fmt.Fprintf(stderr, "fleetsim: %v\n", err)
 		return 1
 	}
-	path := filepath.Join(*out, "scorecard.json")
-	if err := os.WriteFile(path, js, 0o644); err != nil {
+	path, partial := filepath.Join(*out, "scorecard.json"), filepath.Join(*out, "scorecard.partial.json")
+	var partialErr error
+	opts.OnRun = func(c *fleetsim.Card, _ int) {
+		if partialErr == nil {
+			if partialErr = writeCard(partial, c); partialErr != nil {
+				fmt.Fprintf(stderr, "fleetsim: keeping the finished runs: %v\n", partialErr)
+			}
+		}
+	}
+	card, err := fleetsim.RunCard(opts)
+	if err != nil {
+		fmt.Fprintf(stderr, "fleetsim: %v\n", err)
+		if card != nil && len(card.Scenarios) > 0 && partialErr == nil {
+			fmt.Fprintf(stderr, "fleetsim: the %d runs that finished are in %s (-compare reads it)\n", len(card.Scenarios), partial)
+		}
+		return 1
+	}
+	if err := writeCard(path, card); err != nil {
 		fmt.Fprintf(stderr, "fleetsim: %v\n", err)
 		return 1
+	}
+	if err := os.Remove(partial); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		fmt.Fprintf(stderr, "fleetsim: %v\n", err)
 	}
 	card.Table(stdout)
 	card.WriteFlowTargets(stdout, []string{"kv_cache_aware", "kv_flow", "sglang", "least_conn"})
 	fmt.Fprintf(stderr, "wrote %s in %.1fs\n", path, time.Since(start).Seconds())
 	return 0
+}
+
+// writeCard writes c's JSON to path, whole or not at all (a temporary file renamed).
+func writeCard(path string, c *fleetsim.Card) error {
+	js, err := c.JSON()
+	if err != nil {
+		return err
+	}
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, js, 0o644); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
 }
 
 // parseTune reads -options into a change of the decision's options.

@@ -1,0 +1,75 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// freshClone runs the command as a new user's clone would: no KVROUTE_WORKLOADS, and a working
+// directory with nothing of the project's around it (no workloads directory beside it or
+// above it), so that the command finds what it needs in the repository alone.
+func freshClone(t *testing.T) {
+	t.Helper()
+	t.Setenv("KVROUTE_WORKLOADS", "")
+	os.Unsetenv("KVROUTE_WORKLOADS") // restored by t.Setenv's cleanup
+	t.Chdir(t.TempDir())
+}
+
+// card runs the card command with args and returns scorecard.json's scenarios.
+func card(t *testing.T, dir string, args ...string) []map[string]any {
+	t.Helper()
+	var stdout, stderr bytes.Buffer
+	if code := run(append([]string{"-out", dir}, args...), &stdout, &stderr); code != 0 {
+		t.Fatalf("fleetsim %s: exit %d\n%s", strings.Join(args, " "), code, stderr.String())
+	}
+	b, err := os.ReadFile(filepath.Join(dir, "scorecard.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var c struct {
+		Scenarios []map[string]any `json:"scenarios"`
+	}
+	if err := json.Unmarshal(b, &c); err != nil {
+		t.Fatal(err)
+	}
+	return c.Scenarios
+}
+
+// TestCardFreshClone: the Mooncake scenarios run from a fresh clone (the trace is the
+// repository's own), and the card holds their figures.
+func TestCardFreshClone(t *testing.T) {
+	freshClone(t)
+	dir := filepath.Join(t.TempDir(), "card")
+	got := map[string]bool{}
+	for _, s := range card(t, dir, "-scenarios", "^(chat-50|mooncake-80)$", "-seeds", "1", "-requests", "150") {
+		if p, _ := s["policies"].(map[string]any); p["kv_cache_aware"] != nil {
+			got[s["name"].(string)] = true
+		}
+	}
+	if !got["chat-50"] || !got["mooncake-80"] {
+		t.Fatalf("the card has kv_cache_aware's figures for %v, want chat-50 and mooncake-80", got)
+	}
+}
+
+// TestCardMissingTraceStopsFirst: a KVROUTE_WORKLOADS without the trace stops the card before
+// its first run, naming the file, and writes no card.
+func TestCardMissingTraceStopsFirst(t *testing.T) {
+	freshClone(t)
+	empty := t.TempDir()
+	t.Setenv("KVROUTE_WORKLOADS", empty)
+	dir := filepath.Join(t.TempDir(), "card")
+	var stdout, stderr bytes.Buffer
+	code := run([]string{"-out", dir, "-scenarios", "^(chat-50|mooncake-80)$", "-seeds", "1", "-requests", "150", "-parallel", "1"}, &stdout, &stderr)
+	if code != 1 || !strings.Contains(stderr.String(), filepath.Join(empty, "mooncake_synthetic_trace.jsonl")) || strings.Contains(stderr.String(), " done") {
+		t.Fatalf("exit %d, want 1 with the missing file named before any run:\n%s", code, stderr.String())
+	}
+	for _, name := range []string{"scorecard.json", "scorecard.partial.json"} {
+		if _, err := os.Stat(filepath.Join(dir, name)); err == nil {
+			t.Errorf("%s written with no run finished", name)
+		}
+	}
+}
