@@ -3,6 +3,8 @@ package fleetsim
 import (
 	"bytes"
 	"errors"
+	"os"
+	"path/filepath"
 	"reflect"
 	"regexp"
 	"strings"
@@ -90,8 +92,8 @@ func TestShortCardInvariants(t *testing.T) {
 	}
 	for _, s := range card.Scenarios {
 		for name, f := range s.Policies {
-			if s.Name == "chat-80" && f.unserved != 0 {
-				t.Errorf("%s %s: %d unserved at 80%% load", s.Name, name, f.unserved)
+			if s.Name == "chat-80" && f.Unserved != 0 {
+				t.Errorf("%s %s: %d unserved at 80%% load", s.Name, name, f.Unserved)
 			}
 		}
 	}
@@ -126,7 +128,7 @@ func TestOverloadLeavesUnserved(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if f := card.Scenarios[0].Policies["round_robin"]; f.unserved == 0 {
+	if f := card.Scenarios[0].Policies["round_robin"]; f.Unserved == 0 {
 		t.Errorf("round_robin at 110%% of capacity served everything (%+v)", *f)
 	}
 }
@@ -242,8 +244,8 @@ func TestWaitAndShed(t *testing.T) {
 	g := &gate{limit: 2}
 	res := Run(sc, b, 1, 0, g)
 	f := Measure(res, time.Second)
-	if f.unserved != 0 || !(f.Shed > 0) || !(f.QueueWaitP99 > 0) {
-		t.Errorf("unserved %d, shed %v, queue wait p99 %v", f.unserved, f.Shed, f.QueueWaitP99)
+	if f.Unserved != 0 || !(f.Shed > 0) || !(f.QueueWaitP99 > 0) {
+		t.Errorf("unserved %d, shed %v, queue wait p99 %v", f.Unserved, f.Shed, f.QueueWaitP99)
 	}
 	for _, r := range res.Requests {
 		if r.Engine >= 0 && r.Routed < r.Arrival {
@@ -318,8 +320,8 @@ func TestUndefinedFiguresAreNull(t *testing.T) {
 			t.Errorf("%s is not null:\n%s", k, js)
 		}
 	}
-	if f.unserved != 1 {
-		t.Errorf("unserved %d, want 1", f.unserved)
+	if f.Unserved != 1 {
+		t.Errorf("unserved %d, want 1", f.Unserved)
 	}
 }
 
@@ -360,5 +362,36 @@ func TestCardKeepsFinishedRuns(t *testing.T) {
 	card, err = RunCard(opts)
 	if err == nil || !strings.Contains(err.Error(), "trace missing") || card != nil || seen != nil {
 		t.Fatalf("an unreadable input: card %v, err %v, %d runs done; want no run and the error", card, err, len(seen))
+	}
+}
+
+// ReadCard reads back everything a card writes, the flow scenarios' classes and the nulls
+// included: the JSON of the card read is the JSON written, byte for byte.
+func TestReadCardRoundTrip(t *testing.T) {
+	card, err := RunCard(Options{Scenarios: regexp.MustCompile(`^(chat-80|tenants_flood)$`), Seeds: 1, MaxRequests: 300})
+	if err != nil {
+		t.Fatal(err)
+	}
+	js, err := card.JSON()
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "scorecard.json")
+	if err := os.WriteFile(path, js, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	back, err := ReadCard(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	again, err := back.JSON()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(js, again) {
+		t.Errorf("the card read back differs:\n%s\n---\n%s", js, again)
+	}
+	if !reflect.DeepEqual(back.order, card.order) {
+		t.Errorf("policies in order %v, the card ran %v", back.order, card.order)
 	}
 }

@@ -28,6 +28,20 @@ func (n Num) MarshalJSON() ([]byte, error) {
 	return strconv.AppendFloat(nil, math.Round(f*1e4)/1e4, 'f', -1, 64), nil
 }
 
+// UnmarshalJSON reads null as NaN.
+func (n *Num) UnmarshalJSON(b []byte) error {
+	if string(b) == "null" {
+		*n = Num(math.NaN())
+		return nil
+	}
+	var f float64
+	if err := json.Unmarshal(b, &f); err != nil {
+		return err
+	}
+	*n = Num(f)
+	return nil
+}
+
 func (n Num) String() string {
 	if math.IsNaN(float64(n)) {
 		return "-"
@@ -49,8 +63,11 @@ type Figures struct {
 	Shed         Num `json:"shed_rps"`
 	// Classes are the same figures for each class of requests (Request.Class), in the
 	// scenarios whose requests have classes (imbalance, a property of the fleet, is null).
-	Classes        map[string]*Figures `json:"classes,omitempty"`
-	unserved, sent int
+	Classes map[string]*Figures `json:"classes,omitempty"`
+	// Unserved are the requests sent that had no answer when the run ended (closed loop: the
+	// fleet never caught up; open loop: still queued at the horizon).
+	Unserved int `json:"unserved"`
+	sent     int
 }
 
 // ScenarioResult is one scenario and seed: every policy's figures.
@@ -106,7 +123,7 @@ func measure(res *Result, slo time.Duration, class string, only bool) *Figures {
 			wait = append(wait, ms(r.Routed-r.Arrival))
 		}
 		if r.Done == 0 || r.Aborted {
-			f.unserved++
+			f.Unserved++
 			continue
 		}
 		finished++
@@ -439,5 +456,5 @@ func (c *Card) Table(w io.Writer) {
 func row(w io.Writer, s *ScenarioResult, name string, f *Figures) {
 	fmt.Fprintf(w, "%-20s %4d %7.0f %-13s %6s %9s %9s %9s %8s %8s %6s %9s %6s %8d\n",
 		s.Name, s.Seed, float64(s.SLO), name, f.HitRatio, f.TTFTP50, f.TTFTP99, f.E2EP99,
-		f.Throughput, f.Goodput, f.Imbalance, f.QueueWaitP99, f.Shed, f.unserved)
+		f.Throughput, f.Goodput, f.Imbalance, f.QueueWaitP99, f.Shed, f.Unserved)
 }

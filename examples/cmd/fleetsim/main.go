@@ -179,10 +179,14 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "fleetsim: %v\n", err)
 	}
 	card.Table(stdout)
-	card.WriteFlowTargets(stdout, []string{"kv_cache_aware", "kv_flow", "sglang", "least_conn"})
+	card.WriteFlowTargets(stdout, flowJudged)
 	fmt.Fprintf(stderr, "wrote %s in %.1fs\n", path, time.Since(start).Seconds())
 	return 0
 }
+
+// flowJudged are the policies whose flow targets (issue 35) a card with the flow scenarios
+// prints.
+var flowJudged = []string{"kv_cache_aware", "kv_flow", "sglang", "least_conn"}
 
 // writeCard writes c's JSON to path, whole or not at all (a temporary file renamed).
 func writeCard(path string, c *fleetsim.Card) error {
@@ -277,6 +281,7 @@ func compareCards(w io.Writer, list, base, policy string) error {
 		}
 		fmt.Fprintf(w, "== %s (default %s)\n", p, c.Default)
 		a.Write(w)
+		c.WriteFlowTargets(w, flowJudged)
 		fmt.Fprintln(w)
 		as = append(as, a)
 	}

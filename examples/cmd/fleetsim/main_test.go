@@ -3,9 +3,11 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 )
 
@@ -71,5 +73,51 @@ func TestCardMissingTraceStopsFirst(t *testing.T) {
 		if _, err := os.Stat(filepath.Join(dir, name)); err == nil {
 			t.Errorf("%s written with no run finished", name)
 		}
+	}
+}
+
+// fullCard is a card of every scenario, short (one seed, 150 requests each), written once by
+// the command from a fresh clone's layout for the tests that read one: the JSON shape the
+// default card has (the flow scenarios' classes included).
+var fullCard = sync.OnceValues(func() (string, error) {
+	dir, err := os.MkdirTemp("", "fleetsim-card-")
+	if err != nil {
+		return "", err
+	}
+	var stdout, stderr bytes.Buffer
+	if code := run([]string{"-out", dir, "-seeds", "1", "-requests", "150"}, &stdout, &stderr); code != 0 {
+		return "", fmt.Errorf("the full card: exit %d\n%s", code, stderr.String())
+	}
+	return dir, nil
+})
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if dir, err := fullCard(); err == nil {
+		os.RemoveAll(dir)
+	}
+	os.Exit(code)
+}
+
+// TestCompareFullCard: -compare judges a card of every scenario, the flow scenarios (whose
+// figures have classes) included, and prints both the issue-34 targets and the flow targets.
+func TestCompareFullCard(t *testing.T) {
+	dir, err := fullCard()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stdout, stderr bytes.Buffer
+	if code := run([]string{"-compare", dir}, &stdout, &stderr); code != 0 {
+		t.Fatalf("-compare %s: exit %d\n%s", dir, code, stderr.String())
+	}
+	for _, want := range []string{"targets (23 scenarios)", "tenants_flood", "flow-control targets", "light_ttft_p99"} {
+		if !strings.Contains(stdout.String(), want) {
+			t.Errorf("-compare's output lacks %q:\n%s", want, stdout.String())
+		}
+	}
+	// A card compared with itself: every ratio of the change is 1.
+	stdout.Reset()
+	if code := run([]string{"-compare", dir + "," + dir}, &stdout, &stderr); code != 0 || !strings.Contains(stdout.String(), "== change") {
+		t.Fatalf("-compare BEFORE,AFTER: exit %d\n%s%s", code, stdout.String(), stderr.String())
 	}
 }
