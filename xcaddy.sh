@@ -7,8 +7,8 @@
 #                       (-replicas 3: behind 3 replicas and a front; installs nats-server)
 #   ./xcaddy.sh test    run the test suite (unit, caddytest integration, and the built binary)
 #   ./xcaddy.sh sim -out DIR [-scenarios REGEXP] [-seeds N]   the fleet simulator's scorecard in
-#                       virtual time: every scenario, seed and policy; prints a table and writes
-#                       DIR/scorecard.json (docs/simulator.md)
+#                       virtual time: every scenario, seed and policy, written to
+#                       DIR/scorecard.json; prints medians over the seeds (docs/simulator.md)
 #   ./xcaddy.sh fuzz [DURATION]   fuzz every target for DURATION each (default 1m)
 #   ./xcaddy.sh bench [REGEX]     Go benchmarks, -count 10, summarised by benchstat
 #

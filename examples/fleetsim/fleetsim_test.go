@@ -3,6 +3,7 @@ package fleetsim
 import (
 	"bytes"
 	"errors"
+	"math"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -393,5 +394,57 @@ func TestReadCardRoundTrip(t *testing.T) {
 	}
 	if !reflect.DeepEqual(back.order, card.order) {
 		t.Errorf("policies in order %v, the card ran %v", back.order, card.order)
+	}
+}
+
+// The printed tables are medians over the seeds: the best of each column marked among the
+// policies (never the oracle), and Standing naming the best baseline per figure.
+func TestCardTables(t *testing.T) {
+	figs := func(hit, p50 float64) *Figures {
+		nan := Num(math.NaN())
+		return &Figures{HitRatio: Num(hit), TTFTP50: Num(p50), TTFTP99: Num(2 * p50), E2EP99: nan, Throughput: 1,
+			Goodput: 1, Imbalance: 1, QueueWaitP99: 0, Shed: 0}
+	}
+	card := &Card{order: []string{"kv_cache_aware", "sglang", "least_conn", "round_robin", "prefix_hash", "oracle"}}
+	for seed, kv := range []float64{0.5, 0.9, 0.7} { // kv_cache_aware's hit: median 0.7
+		card.Scenarios = append(card.Scenarios, &ScenarioResult{Name: "s", Seed: seed + 1, SLO: 40, Policies: map[string]*Figures{
+			"kv_cache_aware": figs(kv, 10), "sglang": figs(0.8, 12), "least_conn": figs(0.4, 9),
+			"round_robin": figs(0.3, 20), "prefix_hash": figs(0.6, 11), "oracle": figs(0.95, 5)}})
+	}
+	var med, st bytes.Buffer
+	card.Medians(&med)
+	card.Standing(&st, "kv_cache_aware")
+	lines := map[string]string{}
+	for _, l := range strings.Split(med.String(), "\n") {
+		if f := strings.Fields(l); len(f) > 0 {
+			lines[f[0]] = l
+		}
+	}
+	for p, want := range map[string][]string{
+		"kv_cache_aware": {"0.700 ", "10.0 "},
+		"sglang":         {"0.800*", "12.0 "},
+		"least_conn":     {"0.400 ", "9.0*"},
+		"oracle":         {"0.950 ", "5.0 "},
+	} {
+		for _, w := range want {
+			if !strings.Contains(lines[p]+" ", w) {
+				t.Errorf("medians: %s's row %q lacks %q", p, lines[p], w)
+			}
+		}
+	}
+	if !strings.Contains(med.String(), "s: 3 seed(s), slo 40 ms") {
+		t.Errorf("medians: no scenario header:\n%s", med.String())
+	}
+	row := ""
+	for _, l := range strings.Split(st.String(), "\n") {
+		if strings.HasPrefix(l, "s ") {
+			row = l
+		}
+	}
+	if f := strings.Fields(row); len(f) < 9 || f[1] != "0.700" || f[2] != "0.800" || f[3] != "sglang" || f[4] != "10.0" || f[5] != "9.0" || f[6] != "least_conn" {
+		t.Errorf("standing: row %q, want kv's hit 0.700 against sglang's 0.800, its TTFT p50 10.0 against least_conn's 9.0", row)
+	}
+	if !strings.Contains(st.String(), "of 1 scenarios: hit 0, ttft_p50 0, ttft_p99 0, goodput 1") {
+		t.Errorf("standing: summary line:\n%s", st.String())
 	}
 }

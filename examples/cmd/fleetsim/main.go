@@ -1,8 +1,12 @@
 // Command fleetsim runs the fleet simulator's scorecard (package examples/fleetsim): every
-// scenario, seed and routing policy in virtual time. It prints one table and writes
-// DIR/scorecard.json. ./xcaddy.sh sim runs it.
+// scenario, seed and routing policy in virtual time. It writes every run to DIR/scorecard.json
+// and prints the medians over the seeds: where kv_cache_aware stands per scenario (-table
+// summary), every policy's figures per scenario (-table medians), or every run (-table runs).
+// ./xcaddy.sh sim runs it.
 //
-//	fleetsim -out DIR [-scenarios REGEXP] [-seeds N] [-parallel N] [-requests N] [-list]
+//	fleetsim -out DIR [-scenarios REGEXP] [-seeds N] [-parallel N] [-requests N] [-table T] [-list]
+//	fleetsim -show DIR [-table T]          print a card already written
+//	fleetsim -compare BEFORE[,AFTER]       judge cards against issue 34's targets
 package main
 
 import (
@@ -43,13 +47,28 @@ func run(args []string, stdout, stderr io.Writer) int {
 	requests := flags.Int("requests", 0, "cap every scenario's requests (a quick look; the card's figures are for the full counts)")
 	only := flags.String("policies", "", "run only the policies whose name matches this regular expression (with -compare's -base, a card of kvroute's policies alone can be judged)")
 	compare := flags.String("compare", "", "instead of running: judge scorecard.json files against issue 34's targets (medians over seeds; BEFORE[,AFTER]: both, and the change)")
-	policy := flags.String("policy", "kv_cache_aware", "with -compare: the policy judged")
+	policy := flags.String("policy", "kv_cache_aware", "the policy judged: -compare's, and the summary's")
 	base := flags.String("base", "", "with -compare: a scorecard.json to take the baselines and the oracle from where a card lacks them")
+	table := flags.String("table", "summary", "what to print of the card, each figure the median over the seeds: summary (per scenario, where -policy stands against the best baseline), medians (per scenario, every policy, the best of each figure marked), runs (every scenario, seed and policy: what scorecard.json holds)")
+	show := flags.String("show", "", "instead of running: print the card in DIR (or a scorecard.json) as -table says")
 	if err := flags.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
 		}
 		return 2
+	}
+	if *table != "summary" && *table != "medians" && *table != "runs" {
+		fmt.Fprintf(stderr, "fleetsim: -table: want summary, medians or runs, got %q\n", *table)
+		return 2
+	}
+	if *show != "" {
+		c, err := readCard(*show)
+		if err != nil {
+			fmt.Fprintf(stderr, "fleetsim: %v\n", err)
+			return 1
+		}
+		printCard(stdout, c, *table, *policy)
+		return 0
 	}
 	if *compare != "" {
 		if err := compareCards(stdout, *compare, *base, *policy); err != nil {
@@ -178,10 +197,35 @@ func run(args []string, stdout, stderr io.Writer) int {
 	if err := os.Remove(partial); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		fmt.Fprintf(stderr, "fleetsim: %v\n", err)
 	}
-	card.Table(stdout)
-	card.WriteFlowTargets(stdout, flowJudged)
-	fmt.Fprintf(stderr, "wrote %s in %.1fs\n", path, time.Since(start).Seconds())
+	printCard(stdout, card, *table, *policy)
+	fmt.Fprintf(stderr, "wrote %s in %.1fs (every run; fleetsim -show %s -table medians|runs prints more)\n", path, time.Since(start).Seconds(), *out)
 	return 0
+}
+
+// printCard prints the card as table says (summary, medians or runs), then its flow targets.
+func printCard(w io.Writer, c *fleetsim.Card, table, policy string) {
+	fleetsim.Legend(w)
+	fmt.Fprintln(w)
+	switch table {
+	case "runs":
+		c.Table(w)
+	case "medians":
+		c.Medians(w)
+		fmt.Fprintln(w)
+		c.Standing(w, policy)
+	default:
+		c.Standing(w, policy)
+	}
+	fmt.Fprintln(w)
+	c.WriteFlowTargets(w, flowJudged)
+}
+
+// readCard reads DIR/scorecard.json, or the file named.
+func readCard(p string) (*fleetsim.Card, error) {
+	if st, err := os.Stat(p); err == nil && st.IsDir() {
+		p = filepath.Join(p, "scorecard.json")
+	}
+	return fleetsim.ReadCard(p)
 }
 
 // flowJudged are the policies whose flow targets (issue 35) a card with the flow scenarios
@@ -256,12 +300,7 @@ func parseTune(spec string) (func(*fleetsim.KVSettings), error) {
 // compareCards judges one or two scorecards (comma-separated paths: directories hold a
 // scorecard.json) against issue 34's targets.
 func compareCards(w io.Writer, list, base, policy string) error {
-	read := func(p string) (*fleetsim.Card, error) {
-		if st, err := os.Stat(p); err == nil && st.IsDir() {
-			p = filepath.Join(p, "scorecard.json")
-		}
-		return fleetsim.ReadCard(p)
-	}
+	read := readCard
 	var b *fleetsim.Card
 	if base != "" {
 		var err error

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
 	"testing"
@@ -119,5 +120,40 @@ func TestCompareFullCard(t *testing.T) {
 	stdout.Reset()
 	if code := run([]string{"-compare", dir + "," + dir}, &stdout, &stderr); code != 0 || !strings.Contains(stdout.String(), "== change") {
 		t.Fatalf("-compare BEFORE,AFTER: exit %d\n%s%s", code, stdout.String(), stderr.String())
+	}
+}
+
+// TestCardPrinted: the command prints the card as medians over the seeds: by default a legend
+// and one line per scenario with where kv_cache_aware stands, a screen's worth for the whole
+// card (every run stays in scorecard.json, and -table runs prints them).
+func TestCardPrinted(t *testing.T) {
+	dir, err := fullCard()
+	if err != nil {
+		t.Fatal(err)
+	}
+	show := func(args ...string) string {
+		var stdout, stderr bytes.Buffer
+		if code := run(append([]string{"-show", dir}, args...), &stdout, &stderr); code != 0 {
+			t.Fatalf("-show %v: exit %d\n%s", args, code, stderr.String())
+		}
+		return stdout.String()
+	}
+	summary := show()
+	for _, want := range []string{"Columns (each the median over the scenario's seeds", "imbal ", "qwait_p99 ", "Where kv_cache_aware stands",
+		"kv_cache_aware at least as good as the best baseline, of 23 scenarios", "flow-control targets"} {
+		if !strings.Contains(summary, want) {
+			t.Errorf("the summary lacks %q:\n%s", want, summary)
+		}
+	}
+	if n := strings.Count(summary, "\n"); n > 80 {
+		t.Errorf("the summary is %d lines for 23 scenarios:\n%s", n, summary)
+	}
+	medians := show("-table", "medians")
+	if n := strings.Count(medians, "\n  kv_cache_aware "); n != 23 {
+		t.Errorf("-table medians: %d kv_cache_aware rows, want one per scenario (23)", n)
+	}
+	runs := show("-table", "runs")
+	if n := len(regexp.MustCompile(`(?m)^\S+ +1 +\d+ kv_cache_aware `).FindAllString(runs, -1)); n != 23 {
+		t.Errorf("-table runs: %d kv_cache_aware rows, want one per run (23)", n)
 	}
 }
