@@ -163,7 +163,9 @@ func (st *kvStatus) prefillLine(addrs []string, configured []float64, slow []boo
 		}
 		parts[i] = fmt.Sprintf("w%d %.0f/%.0f (%.2f)%s", i, u.Learned.Prefill, configured[i], ratios[i], tag)
 	}
-	return "learned prefill tokens/s against configured: " + strings.Join(parts, ", ")
+	return "prefill tokens/s kv_cache_aware learned / the engine's own speed (1 / its prefill time per token: the sim's " +
+		"-prefill-per-token over -speed, llm-d's --prefill-time-per-token; kvroute's prior until learned: prefill_tokens_per_second, 5000): " +
+		strings.Join(parts, ", ")
 }
 
 // restartResult is what -restart-at saw: when the worker restarted (from the replay's start),
