@@ -99,8 +99,8 @@ Wall time {{f0 .Out.WallSeconds}} s.</p>
 
 {{with .Out.Walkthrough}}
 <h2>Walkthrough: kv_cache_aware</h2>
-<table><tr><th>request</th><th>worker</th><th>prompt tokens</th><th>cached tokens</th></tr>
-{{range .}}<tr><td>{{.What}}</td><td>{{if .Error}}{{.Error}}{{else}}{{.Worker}}{{end}}</td><td>{{.PromptTokens}}</td><td>{{.CachedTokens}}</td></tr>
+<table><tr><th>request</th><th>worker</th><th>prompt tokens</th><th>cached tokens</th><th>answer, ms</th></tr>
+{{range .}}<tr><td>{{.What}}</td><td>{{if .Error}}{{.Error}}{{else}}{{.Worker}}{{end}}</td><td>{{.PromptTokens}}</td><td>{{.CachedTokens}}</td><td>{{f0 .Ms}}</td></tr>
 {{end}}</table>
 {{end}}
 
