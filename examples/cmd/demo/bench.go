@@ -234,10 +234,10 @@ func (b *bench) showProgress() (stop func()) {
 func (b *bench) ownCountLine(res *replay.Result) string {
 	if b.fleet.Prompt() == nil && b.cfg.fleet != "sim" {
 		if res == nil || res.PromptTokens == 0 || res.Errors > 0 {
-			return fmt.Sprintf("%s's own count: not known (its answers reported no prompt tokens over every call)", b.fleet.Kind())
+			return fmt.Sprintf("%s's own count: not known (its answers reported no prompt tokens over every call)", engineName(b.fleet))
 		}
 		return fmt.Sprintf("%s's own count over this run: %.3f chars per token (the routing text's chars over the prompt tokens its answers reported)",
-			b.fleet.Kind(), b.workloadChars()/float64(res.PromptTokens))
+			engineName(b.fleet), b.workloadChars()/float64(res.PromptTokens))
 	}
 	return fmt.Sprintf("%s's own count on this workload: %.3f chars per token", b.fleet.Kind(), b.fleetCharsPerToken())
 }

@@ -419,7 +419,7 @@ func printLearned(w io.Writer, results []*policyResult, extras map[*replay.Resul
 				continue
 			}
 			m, lo, hi := medianSpan(rs)
-			fmt.Fprintf(w, "  w%d prefill speed learned/configured %.2f (%.2f-%.2f)%s\n", i, m, lo, hi, tag)
+			fmt.Fprintf(w, "  w%d prefill speed learned / the engine's own %.2f (%.2f-%.2f)%s\n", i, m, lo, hi, tag)
 		}
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/kvroute/caddy-kvroute/examples/workload"
@@ -66,7 +67,7 @@ func (b *bench) walkthrough(ctx context.Context) ([]step, error) {
 	reportsCached := b.cfg.fleet != "ollama"
 	if !reportsCached {
 		fmt.Printf("  %s reports no cached tokens (its answers' usage has none): a prefix it holds shows as a shorter time,\n"+
-			"  the turns of conversation A against their first, not as cached tokens.\n", b.fleet.Kind())
+			"  the turns of conversation A against their first, not as cached tokens.\n", engineName(b.fleet))
 	}
 	fmt.Printf("  %-26s %8s  %-6s %8s %8s\n", "request", "prompt", "worker", "cached", "ms")
 	var steps []step
@@ -133,6 +134,12 @@ func (b *bench) send(ctx context.Context, client *http.Client, base string, c wo
 		st.CachedTokens = out.Usage.Details.CachedTokens
 	}
 	return st
+}
+
+// engineName is the fleet's engine without its settings ("Ollama v0.6.5").
+func engineName(f fleet) string {
+	name, _, _ := strings.Cut(f.Kind(), " (")
+	return name
 }
 
 // workerName maps an upstream address to its short name w0, w1, ... ("?" plus the value when
