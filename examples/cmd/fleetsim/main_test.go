@@ -10,6 +10,8 @@ import (
 	"strings"
 	"sync"
 	"testing"
+
+	"github.com/kvroute/caddy-kvroute/examples/fleetsim"
 )
 
 // freshClone runs the command as a new user's clone would: no KVROUTE_WORKLOADS, and a working
@@ -77,7 +79,7 @@ func TestCardMissingTraceStopsFirst(t *testing.T) {
 	}
 }
 
-// fullCard is a card of every scenario, short (one seed, 150 requests each), written once by
+// fullCard is a card of every scenario, short (one seed, 300 requests each), written once by
 // the command from a fresh clone's layout for the tests that read one: the JSON shape the
 // default card has (the flow scenarios' classes included).
 var fullCard = sync.OnceValues(func() (string, error) {
@@ -86,7 +88,7 @@ var fullCard = sync.OnceValues(func() (string, error) {
 		return "", err
 	}
 	var stdout, stderr bytes.Buffer
-	if code := run([]string{"-out", dir, "-seeds", "1", "-requests", "150"}, &stdout, &stderr); code != 0 {
+	if code := run([]string{"-out", dir, "-seeds", "1", "-requests", "300"}, &stdout, &stderr); code != 0 {
 		return "", fmt.Errorf("the full card: exit %d\n%s", code, stderr.String())
 	}
 	return dir, nil
@@ -111,7 +113,8 @@ func TestCompareFullCard(t *testing.T) {
 	if code := run([]string{"-compare", dir}, &stdout, &stderr); code != 0 {
 		t.Fatalf("-compare %s: exit %d\n%s", dir, code, stderr.String())
 	}
-	for _, want := range []string{"targets (23 scenarios)", "tenants_flood", "flow-control targets", "light_ttft_p99"} {
+	n := len(fleetsim.Scenarios())
+	for _, want := range []string{fmt.Sprintf("targets (%d scenarios)", n), "tenants_flood", "flow-control targets", "light_ttft_p99"} {
 		if !strings.Contains(stdout.String(), want) {
 			t.Errorf("-compare's output lacks %q:\n%s", want, stdout.String())
 		}
@@ -138,22 +141,24 @@ func TestCardPrinted(t *testing.T) {
 		}
 		return stdout.String()
 	}
+	scenarios := len(fleetsim.Scenarios())
 	summary := show()
 	for _, want := range []string{"Columns (each the median over the scenario's seeds", "imbal ", "qwait_p99 ", "Where kv_cache_aware stands",
-		"kv_cache_aware at least as good as the best baseline, of 23 scenarios", "flow-control targets"} {
+		fmt.Sprintf("kv_cache_aware at least as good as the best baseline, of %d scenarios", scenarios), "flow-control targets"} {
 		if !strings.Contains(summary, want) {
 			t.Errorf("the summary lacks %q:\n%s", want, summary)
 		}
 	}
-	if n := strings.Count(summary, "\n"); n > 80 {
-		t.Errorf("the summary is %d lines for 23 scenarios:\n%s", n, summary)
+	// The legend, a line per scenario, the flow targets: a screen or two, not a line per run.
+	if n := strings.Count(summary, "\n"); n > scenarios+60 {
+		t.Errorf("the summary is %d lines for %d scenarios:\n%s", n, scenarios, summary)
 	}
 	medians := show("-table", "medians")
-	if n := strings.Count(medians, "\n  kv_cache_aware "); n != 23 {
-		t.Errorf("-table medians: %d kv_cache_aware rows, want one per scenario (23)", n)
+	if n := strings.Count(medians, "\n  kv_cache_aware "); n != scenarios {
+		t.Errorf("-table medians: %d kv_cache_aware rows, want one per scenario (%d)", n, scenarios)
 	}
 	runs := show("-table", "runs")
-	if n := len(regexp.MustCompile(`(?m)^\S+ +1 +\d+ kv_cache_aware `).FindAllString(runs, -1)); n != 23 {
-		t.Errorf("-table runs: %d kv_cache_aware rows, want one per run (23)", n)
+	if n := len(regexp.MustCompile(`(?m)^\S+ +1 +\d+ kv_cache_aware `).FindAllString(runs, -1)); n != scenarios {
+		t.Errorf("-table runs: %d kv_cache_aware rows, want one per run (%d)", n, scenarios)
 	}
 }
