@@ -12,7 +12,7 @@ import (
 // the prefix was cached), eval_count (the answer's tokens) and eval_duration. Releases up to
 // v0.6.5, the one examples/ollama pins, report no cached tokens, on this API or on its OpenAI
 // one. Later ones add prompt_eval_cached_count, the prompt tokens read from the prompt cache
-// (docs/api.md of ollama/ollama: "number of prompt tokens read from the prompt cache, when
+// (Ollama's API reference: "number of prompt tokens read from the prompt cache, when
 // available"; prompt_eval_duration is then the time spent on the others), and carry it into
 // their OpenAI endpoint's prompt_tokens_details.cached_tokens. It is written only when not 0
 // (omitempty), so an answer without it may be a release without the field or a prompt with
