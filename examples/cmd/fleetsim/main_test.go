@@ -87,6 +87,7 @@ var fullCard = sync.OnceValues(func() (string, error) {
 	if err != nil {
 		return "", err
 	}
+	fullCardDir = dir
 	var stdout, stderr bytes.Buffer
 	if code := run([]string{"-out", dir, "-seeds", "1", "-requests", "300"}, &stdout, &stderr); code != 0 {
 		return "", fmt.Errorf("the full card: exit %d\n%s", code, stderr.String())
@@ -94,10 +95,13 @@ var fullCard = sync.OnceValues(func() (string, error) {
 	return dir, nil
 })
 
+// fullCardDir is where fullCard wrote, once a test asked for it.
+var fullCardDir string
+
 func TestMain(m *testing.M) {
 	code := m.Run()
-	if dir, err := fullCard(); err == nil {
-		os.RemoveAll(dir)
+	if fullCardDir != "" {
+		os.RemoveAll(fullCardDir)
 	}
 	os.Exit(code)
 }
