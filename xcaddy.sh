@@ -5,10 +5,14 @@
 #   ./xcaddy.sh demo    build Caddy (plugin + benchmark-only peer policies), start a simulated
 #                       LLM fleet, replay a workload once per policy and print the comparison
 #                       (-replicas 3: behind 3 replicas and a front; installs nats-server)
-#   ./xcaddy.sh test    run the test suite (unit, caddytest integration, and the built binary)
+#   ./xcaddy.sh test    run the test suite (unit, caddytest integration, and the built binary);
+#                       the tests against real engines run when their binaries are set (below)
+#   ./xcaddy.sh engines build the engines those tests run (llm-d's simulator; Ollama, CPU-only
+#                       with cgo: minutes and a C/C++ compiler), kept by their pins, and print
+#                       their exports: eval "$(./xcaddy.sh engines)" before ./xcaddy.sh test
 #   ./xcaddy.sh sim -out DIR [-scenarios REGEXP] [-seeds N]   the fleet simulator's scorecard in
-#                       virtual time: every scenario, seed and policy; prints a table and writes
-#                       DIR/scorecard.json (docs/simulator.md)
+#                       virtual time: every scenario, seed and policy, written to
+#                       DIR/scorecard.json; prints medians over the seeds (docs/simulator.md)
 #   ./xcaddy.sh fuzz [DURATION]   fuzz every target for DURATION each (default 1m)
 #   ./xcaddy.sh bench [REGEX]     Go benchmarks, -count 10, summarised by benchstat
 #
@@ -61,6 +65,68 @@ build() {
 build_demo() {
 	echo "building ./caddy-demo with $MOD and the benchmark-only peer policies" >&2
 	xbuild "$ROOT/caddy-demo" "$MOD=$ROOT" "$MOD/examples/peers=$ROOT/examples/peers"
+}
+
+# engines builds llm-d's simulator and Ollama with its tiny model for the tests that run them,
+# each reused while its module's pin (go.mod and go.sum) is the same, and prints their
+# KVROUTE_* exports on stdout (what it does, on stderr). llm-d's simulator goes to
+# examples/llmdsim/bin; Ollama to ~/.cache/kvroute/ollama-PIN, outside the clone, so that a
+# fresh clone (CI's) builds it once per pin. Ollama's build prints thousands of compiler
+# warnings: they go to build.log beside it, shown only when the build fails.
+engines() {
+	local llmd=examples/llmdsim/bin/llm-d-inference-sim pin started
+	pin=$(cat examples/llmdsim/go.mod examples/llmdsim/go.sum | sha256sum | cut -d' ' -f1)
+	if [ -x "$llmd" ] && [ "$(cat "$llmd.pin" 2>/dev/null)" = "$pin" ]; then
+		echo "reusing $llmd" >&2
+	else
+		started=$SECONDS
+		(cd examples/llmdsim && go build -o bin/llm-d-inference-sim github.com/llm-d/llm-d-inference-sim/cmd/llm-d-inference-sim) >&2
+		echo "$pin" >"$llmd.pin"
+		echo "built $llmd in $((SECONDS - started)) s" >&2
+	fi
+	# -O3 -march=native makes Ollama's prefill some ten times faster; the binary runs on the
+	# machine that built it.
+	pin=$(cat examples/ollama/go.mod examples/ollama/go.sum | sha256sum | cut -d' ' -f1)
+	local dir="${XDG_CACHE_HOME:-$HOME/.cache}/kvroute/ollama-$pin"
+	if [ -x "$dir/ollama" ]; then
+		echo "reusing $dir/ollama" >&2
+	else
+		if ! command -v "${CC:-gcc}" >/dev/null 2>&1; then
+			echo "building Ollama needs a C/C++ compiler (cgo; ${CC:-gcc} not found: e.g. apt-get install build-essential)" >&2
+			return 1
+		fi
+		started=$SECONDS
+		mkdir -p "$dir"
+		echo "building Ollama into $dir (minutes; the compiler's output in $dir/build.log)" >&2
+		if ! (cd examples/ollama && CGO_ENABLED=1 CGO_CFLAGS="-O3 -march=native" CGO_CXXFLAGS="-O3 -march=native" \
+			go build -o "$dir/ollama.tmp" github.com/ollama/ollama) >"$dir/build.log" 2>&1; then
+			tail -n 30 "$dir/build.log" >&2
+			return 1
+		fi
+		mv "$dir/ollama.tmp" "$dir/ollama"
+		echo "built $dir/ollama in $((SECONDS - started)) s" >&2
+	fi
+	# The tiny model is written anew (seconds; the same seed, the same bytes).
+	(cd examples/ollama && go run ./cmd/tinymodel -o "$dir/tiny.gguf") >&2
+	printf 'export KVROUTE_LLMD_BIN=%q KVROUTE_OLLAMA_BIN=%q KVROUTE_OLLAMA_MODEL=%q\n' \
+		"$ROOT/$llmd" "$dir/ollama" "$dir/tiny.gguf"
+}
+
+# engine_tests_not_run says which tests against real engines skip in this environment: the
+# engines they need are neither set nor built where the tests look. Empty when all run.
+engine_tests_not_run() {
+	local not=()
+	if [ -z "${KVROUTE_OLLAMA_BIN:-}" ]; then
+		not+=("TestBinaryOllama and examples/ollamafleet's TestTinyModelServes (no KVROUTE_OLLAMA_BIN)")
+	fi
+	if [ -z "${KVROUTE_LLMD_BIN:-}" ] && [ ! -x examples/llmdsim/bin/llm-d-inference-sim ]; then
+		not+=("TestFeedbackLlmdSimulator, TestDisaggregateLlmdSimulator and kvroute/telemetry's TestLlmdSimulatorLive (no KVROUTE_LLMD_BIN)")
+	fi
+	local out="" n
+	for n in "${not[@]}"; do
+		out+="${out:+; }$n"
+	done
+	echo "$out"
 }
 
 # failing_tests LOG lists, from go test's output, each failed package with the tests that failed
@@ -136,6 +202,10 @@ test)
 	# machine, never meet on one) but for the CPU: some kvroute tests bound latencies and
 	# timings (the flood's decision p90, reloads under traffic, telemetry's queue) and fail on
 	# a small machine when other test binaries run beside them.
+	notrun=$(engine_tests_not_run)
+	if [ -n "$notrun" ]; then
+		echo "skipped, no engine to run them: $notrun; eval \"\$(./xcaddy.sh engines)\" builds them (Ollama: minutes and a C/C++ compiler)" >&2
+	fi
 	test_module . -p 1 "$@"
 	for mod in examples/*/go.mod kvroute/cluster/clustertest/go.mod; do
 		test_module "$(dirname "$mod")" "$@"
@@ -148,12 +218,22 @@ test)
 		fi
 		echo "failing tests, by package:"
 		failing_tests "$out"
+		if [ -n "$notrun" ]; then
+			echo "skipped, no engine to run them: $notrun"
+		fi
 		exit 1
 	fi
-	echo "xcaddy.sh test: PASS, all ${#passed[@]} modules: ${passed[*]}"
+	if [ -n "$notrun" ]; then
+		echo "xcaddy.sh test: PASS, all ${#passed[@]} modules: ${passed[*]}; SKIPPED, no engine to run them: $notrun; eval \"\$(./xcaddy.sh engines)\" builds them (Ollama: minutes and a C/C++ compiler)"
+	else
+		echo "xcaddy.sh test: PASS, all ${#passed[@]} modules: ${passed[*]}; the tests against real engines ran (llm-d's simulator, Ollama)"
+	fi
 	;;
 sim)
 	go run ./examples/cmd/fleetsim "$@"
+	;;
+engines)
+	engines
 	;;
 fuzz)
 	examples/soak/fuzz.sh "$@"
@@ -165,7 +245,7 @@ bench)
 	benchstat "$out"
 	;;
 *)
-	sed -n "2,14p" "$0" | sed 's/^# \{0,1\}//'
+	sed -n "2,18p" "$0" | sed 's/^# \{0,1\}//'
 	exit 2
 	;;
 esac

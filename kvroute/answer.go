@@ -49,7 +49,8 @@ const (
 	fTimingsPromptMS // llama.cpp timings.prompt_ms
 	fOllamaPromptN   // Ollama prompt_eval_count (answer_ollama.go)
 	fOllamaPromptNS  // Ollama prompt_eval_duration, nanoseconds
-	fOutputTokens    // completion_tokens (chat, completions), output_tokens (Responses, Anthropic)
+	fOllamaCachedN   // Ollama prompt_eval_cached_count (releases after v0.6.5)
+	fOutputTokens    // completion_tokens (chat, completions), output_tokens (Responses, Anthropic), Ollama's eval_count
 	numUsageFields
 )
 

@@ -9,8 +9,14 @@ import (
 // streams (application/x-ndjson) and in one JSON object when it does not. The last object
 // carries its figures at the top level: prompt_eval_count (the prompt's tokens, cached ones
 // included), prompt_eval_duration (the time it spent on the prompt, in nanoseconds: short when
-// the prefix was cached), eval_count and eval_duration. It reports no cached tokens, on this API
-// or on its OpenAI one.
+// the prefix was cached), eval_count (the answer's tokens) and eval_duration. Releases up to
+// v0.6.5, the one examples/ollama pins, report no cached tokens, on this API or on its OpenAI
+// one. Later ones add prompt_eval_cached_count, the prompt tokens read from the prompt cache
+// (Ollama's API reference: "number of prompt tokens read from the prompt cache, when
+// available"; prompt_eval_duration is then the time spent on the others), and carry it into
+// their OpenAI endpoint's prompt_tokens_details.cached_tokens. It is written only when not 0
+// (omitempty), so an answer without it may be a release without the field or a prompt with
+// nothing cached: without it the cached tokens stay unknown.
 
 // maxDurationNS bounds a duration in nanoseconds: more than 3 hours on one prompt is no engine's.
 const maxDurationNS = 1e13
@@ -22,6 +28,10 @@ func ollamaField(path []byte) usageField {
 		return fOllamaPromptN
 	case "prompt_eval_duration":
 		return fOllamaPromptNS
+	case "prompt_eval_cached_count":
+		return fOllamaCachedN
+	case "eval_count":
+		return fOutputTokens
 	}
 	return fNone
 }
@@ -56,11 +66,19 @@ func parseField(f usageField, b []byte, long bool) (float64, bool) {
 }
 
 // ollamaUsage is the usage of Ollama's final object: its prompt's tokens and the time it spent
-// on them. Which of them were cached it does not say (cachedKnown stays false).
+// on them, and, from a release that says so, how many were cached: as llama.cpp's timings, the
+// tokens it computed (the others) in the time it reports. Without prompt_eval_cached_count
+// cachedKnown stays false. Its output tokens (eval_count) usageOf reads as every engine's.
 func ollamaUsage(h *[numUsageFields]bool, n *[numUsageFields]float64) usage {
 	u := usage{prompt: n[fOllamaPromptN]}
 	if h[fOllamaPromptNS] {
 		u.prefillMS = n[fOllamaPromptNS] / 1e6
+	}
+	if h[fOllamaCachedN] {
+		u.cached, u.cachedKnown = n[fOllamaCachedN], true
+		if h[fOllamaPromptNS] {
+			u.computed = max(0, u.prompt-u.cached)
+		}
 	}
 	return u
 }

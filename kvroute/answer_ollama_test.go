@@ -6,7 +6,9 @@ import (
 )
 
 // Ollama's answers, as v0.6.5 writes them: /api/chat and /api/generate streamed (NDJSON) and
-// not, and its OpenAI endpoint (usage without cached tokens).
+// not, and its OpenAI endpoint (usage without cached tokens); then as releases that report the
+// prompt tokens read from the cache write them (prompt_eval_cached_count, after
+// prompt_eval_count in the final object's metrics; see ollamaField).
 var ollamaAnswerCases = []struct {
 	name        string
 	kind        answerKind
@@ -19,11 +21,11 @@ var ollamaAnswerCases = []struct {
 			`{"model":"tiny","created_at":"2026-12-05T08:40:00.2Z","message":{"role":"assistant","content":" pe"},"done":false}` + "\n" +
 			`{"model":"tiny","created_at":"2026-12-05T08:40:00.3Z","message":{"role":"assistant","content":""},"done_reason":"length","done":true,` +
 			`"total_duration":161755423,"load_duration":1904552,"prompt_eval_count":1187,"prompt_eval_duration":151034000,"eval_count":4,"eval_duration":8015000}` + "\n",
-		usage{ok: true, prompt: 1187, prefillMS: 151.034}, true},
+		usage{ok: true, prompt: 1187, prefillMS: 151.034, output: 4, outputKnown: true}, true},
 	{"chat stream, last line without newline", answerNDJSON,
 		`{"message":{"role":"assistant","content":"x"},"done":false}` + "\n" +
-			`{"message":{"role":"assistant","content":""},"done":true,"prompt_eval_count":20,"prompt_eval_duration":2000000}`,
-		usage{ok: true, prompt: 20, prefillMS: 2}, true},
+			`{"message":{"role":"assistant","content":""},"done":true,"prompt_eval_count":20,"prompt_eval_duration":2000000,"eval_count":5000}`,
+		usage{ok: true, prompt: 20, prefillMS: 2, output: 5000, outputKnown: true}, true},
 	{"chat stream, empty content only", answerNDJSON,
 		`{"message":{"role":"assistant","content":""},"done":false}` + "\r\n\n", usage{}, false},
 	{"chat stream cut mid-line", answerNDJSON,
@@ -32,22 +34,43 @@ var ollamaAnswerCases = []struct {
 	{"chat json", answerJSON,
 		`{"model":"tiny","created_at":"2026-12-05T08:40:00.3Z","message":{"role":"assistant","content":" pe al"},"done_reason":"length","done":true,` +
 			`"total_duration":40000000,"load_duration":100000,"prompt_eval_count":1200,"prompt_eval_duration":28000000,"eval_count":4,"eval_duration":8000000}`,
-		usage{ok: true, prompt: 1200, prefillMS: 28}, false},
+		usage{ok: true, prompt: 1200, prefillMS: 28, output: 4, outputKnown: true}, false},
 	{"generate stream", answerNDJSON,
 		`{"model":"tiny","created_at":"2026-12-05T08:40:00.1Z","response":"ab","done":false}` + "\n" +
 			`{"model":"tiny","created_at":"2026-12-05T08:40:00.2Z","response":"","done":true,"done_reason":"length","context":[1,2,3],"prompt_eval_count":9,"prompt_eval_duration":1500000,"eval_count":1}` + "\n",
-		usage{ok: true, prompt: 9, prefillMS: 1.5}, true},
+		usage{ok: true, prompt: 9, prefillMS: 1.5, output: 1, outputKnown: true}, true},
 	{"openai endpoint", answerSSE,
 		"data: {\"id\":\"chatcmpl-1\",\"object\":\"chat.completion.chunk\",\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\" pe\"}}]}\n\n" +
 			"data: {\"id\":\"chatcmpl-1\",\"object\":\"chat.completion.chunk\",\"choices\":[],\"usage\":{\"prompt_tokens\":1187,\"completion_tokens\":4,\"total_tokens\":1191}}\n\n" +
 			"data: [DONE]\n\n",
-		usage{ok: true, prompt: 1187}, true},
+		usage{ok: true, prompt: 1187, output: 4, outputKnown: true}, true},
 	{"a duration of 3 hours and more is a lie", answerJSON,
 		`{"done":true,"prompt_eval_count":9,"prompt_eval_duration":99999999999999}`, usage{lies: true}, false},
 	{"a fractional duration is a lie", answerJSON,
 		`{"done":true,"prompt_eval_count":9,"prompt_eval_duration":1.5}`, usage{lies: true}, false},
 	{"counts nested elsewhere are not the answer's", answerNDJSON,
-		`{"message":{"content":"x","prompt_eval_count":5}}` + "\n", usage{}, true},
+		`{"message":{"content":"x","prompt_eval_count":5,"eval_count":7,"prompt_eval_cached_count":3}}` + "\n", usage{}, true},
+	{"no eval_count: output unknown", answerJSON,
+		`{"done":true,"prompt_eval_count":9,"prompt_eval_duration":1500000}`,
+		usage{ok: true, prompt: 9, prefillMS: 1.5}, false},
+	{"an eval_count that is no count is a lie", answerJSON,
+		`{"done":true,"prompt_eval_count":9,"eval_count":-4}`, usage{lies: true}, false},
+	// Releases with prompt_eval_cached_count: the cached tokens are read as every other engine's
+	// (the prompt count includes them), and prompt_eval_duration is the time spent on the rest.
+	{"chat stream with cached tokens", answerNDJSON,
+		`{"model":"tiny","created_at":"2026-06-25T16:21:08.1Z","message":{"role":"assistant","content":"The"},"done":false}` + "\n" +
+			`{"model":"tiny","created_at":"2026-06-25T16:21:08.3Z","message":{"role":"assistant","content":""},"done_reason":"stop","done":true,` +
+			`"total_duration":161755423,"load_duration":1904552,"prompt_eval_count":1187,"prompt_eval_cached_count":1024,"prompt_eval_duration":15103400,"eval_count":259,"eval_duration":8015000}` + "\n",
+		usage{ok: true, prompt: 1187, cached: 1024, cachedKnown: true, computed: 163, prefillMS: 15.1034, output: 259, outputKnown: true}, true},
+	{"generate json with cached tokens", answerJSON,
+		`{"model":"tiny","created_at":"2026-06-25T16:21:08.3Z","response":"The sky is blue.","done":true,"done_reason":"stop","context":[1,2,3],` +
+			`"total_duration":5043500667,"load_duration":5025959,"prompt_eval_count":26,"prompt_eval_cached_count":26,"prompt_eval_duration":325953000,"eval_count":290,"eval_duration":4709213000}`,
+		usage{ok: true, prompt: 26, cached: 26, cachedKnown: true, prefillMS: 325.953, output: 290, outputKnown: true}, false},
+	{"cached tokens without a duration", answerJSON,
+		`{"done":true,"prompt_eval_count":40,"prompt_eval_cached_count":32,"eval_count":5}`,
+		usage{ok: true, prompt: 40, cached: 32, cachedKnown: true, output: 5, outputKnown: true}, false},
+	{"more cached than the prompt is a lie", answerJSON,
+		`{"done":true,"prompt_eval_count":40,"prompt_eval_cached_count":41,"eval_count":5}`, usage{lies: true}, false},
 }
 
 func TestAnswerObserverOllama(t *testing.T) {
@@ -66,7 +89,7 @@ func TestAnswerObserverOllama(t *testing.T) {
 						firsts++
 					}
 				}
-				if got := o.finish().sansOutput(); got != tc.want {
+				if got := o.finish(); got != tc.want {
 					t.Fatalf("split at %d: got %+v, want %+v", at, got, tc.want)
 				}
 				if wantFirsts := map[bool]int{true: 1, false: 0}[tc.wantContent]; firsts != wantFirsts {

@@ -189,3 +189,61 @@ func TestBinaryAffinitySurvivesReloads(t *testing.T) {
 		t.Errorf("/metrics lacks caddy_kvroute_decisions_total: %d", code)
 	}
 }
+
+// TestBinarySessionCookieSecret: what the built Caddy checks of a session_cookie secret, and
+// when. `caddy adapt` translates: a {env.*} placeholder stays in the JSON it writes (the secret
+// is never baked into it, and the JSON may be loaded where the variable is set), as Caddy's
+// own {env.*} placeholders do; loading the config (`caddy validate`, as run and POST /load)
+// resolves it and refuses one that resolves to nothing or to fewer than 16 bytes, naming the
+// option. A {$VAR} the Caddyfile substitutes at adapt time and that is unset leaves an empty
+// secret: adapt refuses it with the Caddyfile's line, rather than turning signing off.
+func TestBinarySessionCookieSecret(t *testing.T) {
+	bin := caddyBinary(t)
+	const name = "KVROUTE_TEST_COOKIE_SECRET"
+	dir := t.TempDir()
+	caddyfile := func(secret string) string {
+		fn := filepath.Join(dir, fmt.Sprintf("Caddyfile-%d", len(secret)))
+		cfg := fmt.Sprintf(":0 {\n\treverse_proxy 127.0.0.1:9 {\n\t\tlb_policy kv_cache_aware {\n\t\t\tsession_cookie kvroute_session %s\n\t\t}\n\t}\n}\n", secret)
+		if err := os.WriteFile(fn, []byte(cfg), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return fn
+	}
+	caddy := func(value string, args ...string) (string, error) {
+		cmd := exec.Command(bin, args...)
+		for _, kv := range os.Environ() {
+			if !strings.HasPrefix(kv, name+"=") {
+				cmd.Env = append(cmd.Env, kv)
+			}
+		}
+		if value != "" {
+			cmd.Env = append(cmd.Env, name+"="+value)
+		}
+		out, err := cmd.CombinedOutput()
+		return string(out), err
+	}
+	placeholder := caddyfile("{env." + name + "}")
+	good := "0123456789abcdef0123456789abcdef"
+	for _, value := range []string{"", good} {
+		out, err := caddy(value, "adapt", "--config", placeholder)
+		if err != nil || !strings.Contains(out, `{env.`+name+`}`) || (value != "" && strings.Contains(out, value)) {
+			t.Errorf("adapt with %s=%q: %v, want exit 0 and the placeholder kept in the JSON:\n%s", name, value, err, out)
+		}
+	}
+	if out, err := caddy("", "validate", "--config", placeholder); err == nil || !strings.Contains(out, "session_cookie") || !strings.Contains(out, "did not resolve") {
+		t.Errorf("validate with %s unset: %v, want a refusal naming session_cookie:\n%s", name, err, out)
+	}
+	if out, err := caddy("short", "validate", "--config", placeholder); err == nil || !strings.Contains(out, "session_cookie") || !strings.Contains(out, "at least 16 bytes") {
+		t.Errorf("validate with a 5-byte secret: %v, want a refusal naming session_cookie:\n%s", err, out)
+	}
+	if out, err := caddy(good, "validate", "--config", placeholder); err != nil {
+		t.Errorf("validate with a 32-byte secret: %v\n%s", err, out)
+	}
+	substituted := caddyfile(`"{$` + name + `}"`)
+	if out, err := caddy("", "adapt", "--config", substituted); err == nil || !strings.Contains(out, "session_cookie") || !strings.Contains(out, filepath.Base(substituted)+":4") {
+		t.Errorf("adapt of a {$%s} that is unset: %v, want a refusal naming session_cookie and the line:\n%s", name, err, out)
+	}
+	if out, err := caddy(good, "adapt", "--config", substituted); err != nil {
+		t.Errorf("adapt of a {$%s} that is set: %v\n%s", name, err, out)
+	}
+}

@@ -158,6 +158,11 @@ func (p *KVCacheAware) unmarshalOption(d *caddyfile.Dispenser, opt string) error
 			c.Name = args[0]
 		}
 		if len(args) > 1 {
+			if args[1] == "" {
+				// "{$VAR}" of an unset variable, which the Caddyfile replaced before this
+				// ran: an empty secret would turn signing off without a word.
+				return d.Errf("session_cookie: the secret is empty (an unset {$VAR}?): give one of 16 bytes or more (openssl rand -base64 32), {env.VAR} to read it when the config loads, or no secret for unsigned ids")
+			}
 			c.Secret = args[1]
 		}
 		p.SessionCookie = c

@@ -31,10 +31,9 @@ func TestDisaggregateMeasure(t *testing.T) {
 	if r, _ := strconv.Atoi(os.Getenv("KVROUTE_PD_REPEATS")); r > 0 {
 		repeats = r
 	}
-	path := workload.FindTrace(workload.TraceFile)
-	reqs, err := workload.LoadMooncake(path)
+	reqs, err := workload.Mooncake()
 	if err != nil {
-		t.Skipf("no Mooncake trace: %v", err)
+		t.Fatal(err)
 	}
 	reqs = reqs[:min(n, len(reqs))]
 	w := workload.MooncakeWorkload(reqs, workload.MooncakeConfig{Model: llmsim.DefaultModel, MaxTokens: 64})

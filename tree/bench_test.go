@@ -242,12 +242,8 @@ var (
 )
 
 func loadTrace(b *testing.B) []workload.Request {
-	path := workload.FindTrace(workload.TraceFile)
-	if path == "" {
-		b.Skip("Mooncake trace not found")
-	}
 	traceOnce.Do(func() {
-		trace, traceErr = workload.LoadMooncake(path)
+		trace, traceErr = workload.Mooncake()
 		if traceErr == nil {
 			for _, r := range trace {
 				r.Prompt() // fill workload's block cache before measuring the heap

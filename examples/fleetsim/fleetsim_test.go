@@ -2,8 +2,13 @@ package fleetsim
 
 import (
 	"bytes"
+	"errors"
+	"math"
+	"os"
+	"path/filepath"
 	"reflect"
 	"regexp"
+	"strings"
 	"testing"
 	"time"
 
@@ -88,8 +93,8 @@ func TestShortCardInvariants(t *testing.T) {
 	}
 	for _, s := range card.Scenarios {
 		for name, f := range s.Policies {
-			if s.Name == "chat-80" && f.unserved != 0 {
-				t.Errorf("%s %s: %d unserved at 80%% load", s.Name, name, f.unserved)
+			if s.Name == "chat-80" && f.Unserved != 0 {
+				t.Errorf("%s %s: %d unserved at 80%% load", s.Name, name, f.Unserved)
 			}
 		}
 	}
@@ -124,7 +129,7 @@ func TestOverloadLeavesUnserved(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if f := card.Scenarios[0].Policies["round_robin"]; f.unserved == 0 {
+	if f := card.Scenarios[0].Policies["round_robin"]; f.Unserved == 0 {
 		t.Errorf("round_robin at 110%% of capacity served everything (%+v)", *f)
 	}
 }
@@ -240,8 +245,8 @@ func TestWaitAndShed(t *testing.T) {
 	g := &gate{limit: 2}
 	res := Run(sc, b, 1, 0, g)
 	f := Measure(res, time.Second)
-	if f.unserved != 0 || !(f.Shed > 0) || !(f.QueueWaitP99 > 0) {
-		t.Errorf("unserved %d, shed %v, queue wait p99 %v", f.unserved, f.Shed, f.QueueWaitP99)
+	if f.Unserved != 0 || !(f.Shed > 0) || !(f.QueueWaitP99 > 0) {
+		t.Errorf("unserved %d, shed %v, queue wait p99 %v", f.Unserved, f.Shed, f.QueueWaitP99)
 	}
 	for _, r := range res.Requests {
 		if r.Engine >= 0 && r.Routed < r.Arrival {
@@ -316,7 +321,130 @@ func TestUndefinedFiguresAreNull(t *testing.T) {
 			t.Errorf("%s is not null:\n%s", k, js)
 		}
 	}
-	if f.unserved != 1 {
-		t.Errorf("unserved %d, want 1", f.unserved)
+	if f.Unserved != 1 {
+		t.Errorf("unserved %d, want 1", f.Unserved)
+	}
+}
+
+// A card whose run fails keeps the runs that finished: RunCard returns them with the error,
+// and OnRun saw each as it finished. An input that cannot be read at all stops the card
+// before its first run.
+func TestCardKeepsFinishedRuns(t *testing.T) {
+	ok := *scenario(t, "chat-80")
+	failing := ok
+	failing.Name = "chat-80-seed-2-fails"
+	failing.Workload = func(requests int, seed uint64) (*Workload, error) {
+		if seed == 2 {
+			return nil, errors.New("no workload for seed 2")
+		}
+		return ok.Workload(requests, seed)
+	}
+	var seen []int
+	opts := Options{List: []*Scenario{&ok, &failing}, Seeds: 2, MaxRequests: 200, Parallel: 1,
+		OnRun: func(c *Card, total int) {
+			if total != 4 {
+				t.Errorf("OnRun: %d runs in all, want 4", total)
+			}
+			seen = append(seen, len(c.Scenarios))
+		}}
+	card, err := RunCard(opts)
+	if err == nil || !strings.Contains(err.Error(), "chat-80-seed-2-fails seed 2: no workload for seed 2") {
+		t.Fatalf("err %v, want the failing run's", err)
+	}
+	if card == nil || len(card.Scenarios) != 3 {
+		t.Fatalf("card %+v: want the 3 runs that finished", card)
+	}
+	if !reflect.DeepEqual(seen, []int{1, 2, 3}) {
+		t.Errorf("OnRun saw cards of %v runs, want 1, 2, 3", seen)
+	}
+
+	failing.Workload = func(int, uint64) (*Workload, error) { return nil, errors.New("trace missing") }
+	seen = nil
+	card, err = RunCard(opts)
+	if err == nil || !strings.Contains(err.Error(), "trace missing") || card != nil || seen != nil {
+		t.Fatalf("an unreadable input: card %v, err %v, %d runs done; want no run and the error", card, err, len(seen))
+	}
+}
+
+// ReadCard reads back everything a card writes, the flow scenarios' classes and the nulls
+// included: the JSON of the card read is the JSON written, byte for byte.
+func TestReadCardRoundTrip(t *testing.T) {
+	card, err := RunCard(Options{Scenarios: regexp.MustCompile(`^(chat-80|tenants_flood)$`), Seeds: 1, MaxRequests: 300})
+	if err != nil {
+		t.Fatal(err)
+	}
+	js, err := card.JSON()
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "scorecard.json")
+	if err := os.WriteFile(path, js, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	back, err := ReadCard(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	again, err := back.JSON()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(js, again) {
+		t.Errorf("the card read back differs:\n%s\n---\n%s", js, again)
+	}
+	if !reflect.DeepEqual(back.order, card.order) {
+		t.Errorf("policies in order %v, the card ran %v", back.order, card.order)
+	}
+}
+
+// The printed tables are medians over the seeds: the best of each column marked among the
+// policies (never the oracle), and Standing naming the best baseline per figure.
+func TestCardTables(t *testing.T) {
+	figs := func(hit, p50 float64) *Figures {
+		nan := Num(math.NaN())
+		return &Figures{HitRatio: Num(hit), TTFTP50: Num(p50), TTFTP99: Num(2 * p50), E2EP99: nan, Throughput: 1,
+			Goodput: 1, Imbalance: 1, QueueWaitP99: 0, Shed: 0}
+	}
+	card := &Card{order: []string{"kv_cache_aware", "sglang", "least_conn", "round_robin", "prefix_hash", "oracle"}}
+	for seed, kv := range []float64{0.5, 0.9, 0.7} { // kv_cache_aware's hit: median 0.7
+		card.Scenarios = append(card.Scenarios, &ScenarioResult{Name: "s", Seed: seed + 1, SLO: 40, Policies: map[string]*Figures{
+			"kv_cache_aware": figs(kv, 10), "sglang": figs(0.8, 12), "least_conn": figs(0.4, 9),
+			"round_robin": figs(0.3, 20), "prefix_hash": figs(0.6, 11), "oracle": figs(0.95, 5)}})
+	}
+	var med, st bytes.Buffer
+	card.Medians(&med)
+	card.Standing(&st, "kv_cache_aware")
+	lines := map[string]string{}
+	for _, l := range strings.Split(med.String(), "\n") {
+		if f := strings.Fields(l); len(f) > 0 {
+			lines[f[0]] = l
+		}
+	}
+	for p, want := range map[string][]string{
+		"kv_cache_aware": {"0.700 ", "10.0 "},
+		"sglang":         {"0.800*", "12.0 "},
+		"least_conn":     {"0.400 ", "9.0*"},
+		"oracle":         {"0.950 ", "5.0 "},
+	} {
+		for _, w := range want {
+			if !strings.Contains(lines[p]+" ", w) {
+				t.Errorf("medians: %s's row %q lacks %q", p, lines[p], w)
+			}
+		}
+	}
+	if !strings.Contains(med.String(), "s: 3 seed(s), slo 40 ms") {
+		t.Errorf("medians: no scenario header:\n%s", med.String())
+	}
+	row := ""
+	for _, l := range strings.Split(st.String(), "\n") {
+		if strings.HasPrefix(l, "s ") {
+			row = l
+		}
+	}
+	if f := strings.Fields(row); len(f) < 9 || f[1] != "0.700" || f[2] != "0.800" || f[3] != "sglang" || f[4] != "10.0" || f[5] != "9.0" || f[6] != "least_conn" {
+		t.Errorf("standing: row %q, want kv's hit 0.700 against sglang's 0.800, its TTFT p50 10.0 against least_conn's 9.0", row)
+	}
+	if !strings.Contains(st.String(), "of 1 scenarios: hit 0, ttft_p50 0, ttft_p99 0, goodput 1") {
+		t.Errorf("standing: summary line:\n%s", st.String())
 	}
 }

@@ -111,13 +111,13 @@ func TestClassFigures(t *testing.T) {
 		thr += float64(c.Throughput)
 		good += float64(c.Goodput)
 		shed += float64(c.Shed)
-		unserved += c.unserved
+		unserved += c.Unserved
 		sent += c.sent
 	}
 	near := func(a, b float64) bool { return math.Abs(a-b) < 1e-9*max(1, b) }
-	if !near(thr, float64(f.Throughput)) || !near(good, float64(f.Goodput)) || !near(shed, float64(f.Shed)) || unserved != f.unserved || sent != f.sent {
+	if !near(thr, float64(f.Throughput)) || !near(good, float64(f.Goodput)) || !near(shed, float64(f.Shed)) || unserved != f.Unserved || sent != f.sent {
 		t.Errorf("classes add up to %v %v %v %d %d, the policy has %v %v %v %d %d", thr, good, shed, unserved, sent,
-			f.Throughput, f.Goodput, f.Shed, f.unserved, f.sent)
+			f.Throughput, f.Goodput, f.Shed, f.Unserved, f.sent)
 	}
 	if !(f.Shed > 0) || !(f.Classes["interactive"].Shed > 0) {
 		t.Errorf("the gate shed nothing: %v", f.Shed)
@@ -298,8 +298,8 @@ func TestFlowQueueWaitBelowCapacity(t *testing.T) {
 		}
 		res := Run(sc, b, 1, sc.Load*capacity, FlowPolicy(decide.DefaultRule).New(1))
 		f := Measure(res, slo)
-		if !(f.QueueWaitP99 <= 1) || f.unserved != 0 || f.Shed != 0 {
-			t.Errorf("%s: queue wait p99 %v ms, %d unserved, shed %v", name, f.QueueWaitP99, f.unserved, f.Shed)
+		if !(f.QueueWaitP99 <= 1) || f.Unserved != 0 || f.Shed != 0 {
+			t.Errorf("%s: queue wait p99 %v ms, %d unserved, shed %v", name, f.QueueWaitP99, f.Unserved, f.Shed)
 		}
 		t.Logf("%s: queue wait p99 %v ms, TTFT p99 %v ms", name, f.QueueWaitP99, f.TTFTP99)
 	}

@@ -99,15 +99,10 @@ func traceWorkload(name string, reqs []workload.Request, model string) *Workload
 	return out
 }
 
-// MooncakeWorkload is the first n requests of the Mooncake synthetic trace
-// (../shared/workloads/mooncake_synthetic_trace.jsonl, found by workload.FindTrace), or an
-// error when the trace is not there.
+// MooncakeWorkload is the first n requests of the Mooncake synthetic trace (workload.Mooncake:
+// the repository's copy, or KVROUTE_WORKLOADS's), or an error when it cannot be read.
 func MooncakeWorkload(n int) (*Workload, error) {
-	path := workload.FindTrace(workload.TraceFile)
-	if path == "" {
-		return nil, fmt.Errorf("%s not found (set KVROUTE_WORKLOADS)", workload.TraceFile)
-	}
-	reqs, err := loadTrace(path)
+	reqs, err := loadTrace()
 	if err != nil {
 		return nil, err
 	}
@@ -116,22 +111,24 @@ func MooncakeWorkload(n int) (*Workload, error) {
 
 var traceMu sync.Mutex
 
+// traceCache is the trace read once per source (scenarios and seeds share it, read-only).
 var traceCache = struct {
-	path string
-	reqs []workload.Request
+	source string
+	reqs   []workload.Request
 }{}
 
-func loadTrace(path string) ([]workload.Request, error) {
+func loadTrace() ([]workload.Request, error) {
 	traceMu.Lock()
 	defer traceMu.Unlock()
-	if traceCache.path == path {
+	source := workload.MooncakeSource()
+	if traceCache.reqs != nil && traceCache.source == source {
 		return traceCache.reqs, nil
 	}
-	reqs, err := workload.LoadMooncake(path)
+	reqs, err := workload.Mooncake()
 	if err != nil {
 		return nil, err
 	}
-	traceCache.path, traceCache.reqs = path, reqs
+	traceCache.source, traceCache.reqs = source, reqs
 	return reqs, nil
 }
 

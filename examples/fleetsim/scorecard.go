@@ -3,6 +3,7 @@ package fleetsim
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"math"
@@ -27,6 +28,20 @@ func (n Num) MarshalJSON() ([]byte, error) {
 	return strconv.AppendFloat(nil, math.Round(f*1e4)/1e4, 'f', -1, 64), nil
 }
 
+// UnmarshalJSON reads null as NaN.
+func (n *Num) UnmarshalJSON(b []byte) error {
+	if string(b) == "null" {
+		*n = Num(math.NaN())
+		return nil
+	}
+	var f float64
+	if err := json.Unmarshal(b, &f); err != nil {
+		return err
+	}
+	*n = Num(f)
+	return nil
+}
+
 func (n Num) String() string {
 	if math.IsNaN(float64(n)) {
 		return "-"
@@ -48,8 +63,11 @@ type Figures struct {
 	Shed         Num `json:"shed_rps"`
 	// Classes are the same figures for each class of requests (Request.Class), in the
 	// scenarios whose requests have classes (imbalance, a property of the fleet, is null).
-	Classes        map[string]*Figures `json:"classes,omitempty"`
-	unserved, sent int
+	Classes map[string]*Figures `json:"classes,omitempty"`
+	// Unserved are the requests sent that had no answer when the run ended (closed loop: the
+	// fleet never caught up; open loop: still queued at the horizon).
+	Unserved int `json:"unserved"`
+	sent     int
 }
 
 // ScenarioResult is one scenario and seed: every policy's figures.
@@ -105,7 +123,7 @@ func measure(res *Result, slo time.Duration, class string, only bool) *Figures {
 			wait = append(wait, ms(r.Routed-r.Arrival))
 		}
 		if r.Done == 0 || r.Aborted {
-			f.unserved++
+			f.Unserved++
 			continue
 		}
 		finished++
@@ -160,8 +178,10 @@ func pct(v []float64, p float64) Num {
 // Options select what a scorecard runs.
 type Options struct {
 	Scenarios *regexp.Regexp // nil: all
-	Seeds     int            // seeds 1..Seeds; 0: 3
-	Policies  []Policy       // nil: PoliciesWith(Default)
+	// List is the scenarios to choose from (nil: Scenarios()); an experiment's own.
+	List     []*Scenario
+	Seeds    int      // seeds 1..Seeds; 0: 3
+	Policies []Policy // nil: PoliciesWith(Default)
 	// Default is the decision kv_cache_aware runs, "thresholds" or "cost" ("": kvroute's
 	// default, decide.DefaultRule).
 	Default string
@@ -171,6 +191,10 @@ type Options struct {
 	Log io.Writer
 	// MaxRequests, when > 0, caps every scenario's requests (a short card for tests).
 	MaxRequests int
+	// OnRun, when set, is called each time a scenario-seed finishes, one call at a time, with a
+	// card of the runs finished so far (in the card's order) and how many the card has in all:
+	// a caller that writes it out loses no finished run when a later one fails.
+	OnRun func(finished *Card, total int)
 }
 
 // family is what the scenarios of one family share.
@@ -235,7 +259,9 @@ func steadyRate(res *Result, clients int) float64 {
 	return float64(n) / lastStart.Seconds()
 }
 
-// RunCard runs the scorecard.
+// RunCard runs the scorecard. Every chosen scenario's input (the Mooncake trace) is read
+// before the first run: a missing one stops the card at once. When a run fails, the others
+// still run, and the card of those that finished comes back with the error.
 func RunCard(opts Options) (*Card, error) {
 	if opts.Seeds <= 0 {
 		opts.Seeds = 3
@@ -252,6 +278,13 @@ func RunCard(opts Options) (*Card, error) {
 		opts.Parallel = runtime.GOMAXPROCS(0)
 	}
 	all := Scenarios()
+	if opts.List != nil {
+		all = make([]*Scenario, len(opts.List))
+		for i, sc := range opts.List {
+			c := *sc
+			all[i] = &c
+		}
+	}
 	if opts.MaxRequests > 0 {
 		for _, sc := range all {
 			sc.Requests = min(sc.Requests, opts.MaxRequests)
@@ -284,6 +317,21 @@ func RunCard(opts Options) (*Card, error) {
 			withFlow = withFlow || sc.FlowControl
 		}
 	}
+	for _, sc := range chosen {
+		if _, err := sc.Workload(1, 1); err != nil {
+			return nil, fmt.Errorf("%s: %w", sc.Name, err)
+		}
+	}
+	card := &Card{Default: opts.Default}
+	for _, p := range others {
+		card.order = append(card.order, p.Name)
+		if p.Name == "kv_cache_aware" && withFlow {
+			card.order = append(card.order, flowPolicy.Name)
+		}
+	}
+	if withFlow && !slices.Contains(card.order, flowPolicy.Name) {
+		card.order = append(card.order, flowPolicy.Name)
+	}
 	type job struct {
 		sc   *Scenario
 		seed int
@@ -296,7 +344,18 @@ func RunCard(opts Options) (*Card, error) {
 			jobs = append(jobs, &job{sc: sc, seed: seed})
 		}
 	}
+	// finished is the card of the runs done so far, in job order (under logMu).
+	finished := func() *Card {
+		c := &Card{Default: card.Default, order: card.order}
+		for _, j := range jobs {
+			if j.out != nil {
+				c.Scenarios = append(c.Scenarios, j.out)
+			}
+		}
+		return c
+	}
 	var logMu sync.Mutex
+	done := 0
 	work := make(chan *job)
 	var wg sync.WaitGroup
 	for range opts.Parallel {
@@ -314,12 +373,19 @@ func RunCard(opts Options) (*Card, error) {
 				if j.sc.FlowControl {
 					policies = append(slices.Clip(policies), flowPolicy)
 				}
-				j.out, j.err = runScenario(j.sc, uint64(j.seed), fam, policies)
-				if opts.Log != nil && j.err == nil {
-					logMu.Lock()
-					fmt.Fprintf(opts.Log, "%s seed %d done\n", j.sc.Name, j.seed)
-					logMu.Unlock()
+				out, err := runScenario(j.sc, uint64(j.seed), fam, policies)
+				logMu.Lock()
+				j.out, j.err = out, err
+				if err == nil {
+					done++
+					if opts.Log != nil {
+						fmt.Fprintf(opts.Log, "%s seed %d done (%d of %d)\n", j.sc.Name, j.seed, done, len(jobs))
+					}
+					if opts.OnRun != nil {
+						opts.OnRun(finished(), len(jobs))
+					}
 				}
+				logMu.Unlock()
 			}
 		}()
 	}
@@ -328,23 +394,15 @@ func RunCard(opts Options) (*Card, error) {
 	}
 	close(work)
 	wg.Wait()
-	card := &Card{Default: opts.Default}
-	for _, p := range others {
-		card.order = append(card.order, p.Name)
-		if p.Name == "kv_cache_aware" && withFlow {
-			card.order = append(card.order, flowPolicy.Name)
-		}
-	}
-	if withFlow && !slices.Contains(card.order, flowPolicy.Name) {
-		card.order = append(card.order, flowPolicy.Name)
-	}
+	var errs []error
 	for _, j := range jobs {
 		if j.err != nil {
-			return nil, fmt.Errorf("%s seed %d: %w", j.sc.Name, j.seed, j.err)
+			errs = append(errs, fmt.Errorf("%s seed %d: %w", j.sc.Name, j.seed, j.err))
+			continue
 		}
 		card.Scenarios = append(card.Scenarios, j.out)
 	}
-	return card, nil
+	return card, errors.Join(errs...)
 }
 
 func runScenario(sc *Scenario, seed uint64, fam *family, policies []Policy) (*ScenarioResult, error) {
@@ -398,5 +456,5 @@ func (c *Card) Table(w io.Writer) {
 func row(w io.Writer, s *ScenarioResult, name string, f *Figures) {
 	fmt.Fprintf(w, "%-20s %4d %7.0f %-13s %6s %9s %9s %9s %8s %8s %6s %9s %6s %8d\n",
 		s.Name, s.Seed, float64(s.SLO), name, f.HitRatio, f.TTFTP50, f.TTFTP99, f.E2EP99,
-		f.Throughput, f.Goodput, f.Imbalance, f.QueueWaitP99, f.Shed, f.unserved)
+		f.Throughput, f.Goodput, f.Imbalance, f.QueueWaitP99, f.Shed, f.Unserved)
 }

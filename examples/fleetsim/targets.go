@@ -8,6 +8,8 @@ import (
 	"os"
 	"slices"
 	"strings"
+
+	"github.com/kvroute/caddy-kvroute/kvroute/decide"
 )
 
 // Issue 34's targets, judged on a scorecard the same way for every change: per scenario, the
@@ -80,42 +82,53 @@ type Assessment struct {
 	OracleGoodMinAt, Problems string
 }
 
-// ReadCard reads a scorecard.json.
+// ReadCard reads a scorecard.json: every figure, each class's included (null: NaN).
 func ReadCard(path string) (*Card, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return nil, err
 	}
-	var c struct {
-		Default   string `json:"default"`
-		Scenarios []struct {
-			Name     string                         `json:"name"`
-			Seed     int                            `json:"seed"`
-			SLO      *float64                       `json:"slo_ms"`
-			Policies map[string]map[string]*float64 `json:"policies"`
-		} `json:"scenarios"`
-	}
+	var c Card
 	if err := json.Unmarshal(b, &c); err != nil {
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
-	num := func(p *float64) Num {
-		if p == nil {
-			return Num(math.NaN())
-		}
-		return Num(*p)
+	// The policies in the order a card runs them (kvroute's, kv_flow beside kv_cache_aware,
+	// the baselines), then any other by name.
+	rank := map[string]int{}
+	for i, p := range Policies {
+		rank[p.Name] = 2 * i
 	}
-	card := &Card{Default: c.Default}
+	rank[FlowPolicy(decide.DefaultRule).Name] = rank["kv_cache_aware"] + 1
+	seen := map[string]bool{}
 	for _, s := range c.Scenarios {
-		sr := &ScenarioResult{Name: s.Name, Seed: s.Seed, SLO: num(s.SLO), Policies: map[string]*Figures{}}
-		for name, f := range s.Policies {
-			sr.Policies[name] = &Figures{HitRatio: num(f["hit_ratio"]), TTFTP50: num(f["ttft_p50_ms"]),
-				TTFTP99: num(f["ttft_p99_ms"]), E2EP99: num(f["e2e_p99_ms"]), Throughput: num(f["throughput_rps"]),
-				Goodput: num(f["goodput_rps"]), Imbalance: num(f["imbalance"]), QueueWaitP99: num(f["queue_wait_p99_ms"]),
-				Shed: num(f["shed_rps"])}
+		if s == nil || s.Policies == nil {
+			return nil, fmt.Errorf("%s: a scenario without policies", path)
 		}
-		card.Scenarios = append(card.Scenarios, sr)
+		for p, f := range s.Policies {
+			if f == nil {
+				return nil, fmt.Errorf("%s: %s seed %d: policy %s without figures", path, s.Name, s.Seed, p)
+			}
+			if !seen[p] {
+				seen[p] = true
+				c.order = append(c.order, p)
+			}
+		}
 	}
-	return card, nil
+	slices.SortFunc(c.order, func(a, b string) int {
+		ra, oka := rank[a]
+		rb, okb := rank[b]
+		switch {
+		case oka && okb:
+			return ra - rb
+		case oka != okb:
+			if oka {
+				return -1
+			}
+			return 1
+		}
+		return strings.Compare(a, b)
+	})
+	return &c, nil
 }
 
 // medians returns, per scenario name (in the card's order) and policy, the median figures.

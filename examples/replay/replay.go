@@ -63,6 +63,10 @@ type Options struct {
 	Client *http.Client
 	// Progress, when set, receives a progress line, rewritten in place (for a terminal).
 	Progress io.Writer
+	// OnDone, when set, is called as each call ends, with the calls ended so far and the
+	// workload's calls; from the call's goroutine, several at once: it must be quick and safe
+	// for concurrent use.
+	OnDone func(done, total int)
 	// KeepRecords puts every call's record in the result.
 	KeepRecords bool
 }
@@ -235,7 +239,9 @@ func (r *runner) send(ctx context.Context, session string, turn int, c workload.
 		r.do(ctx, rec, c, body)
 		cancel()
 	}
-	r.done.Add(1)
+	if n := r.done.Add(1); r.opts.OnDone != nil {
+		r.opts.OnDone(int(n), len(r.records))
+	}
 	if rec.Error != "" {
 		r.errors.Add(1)
 		return

@@ -1,7 +1,7 @@
 // Package workload turns request traces into prompt text for benchmarks, tests and the demo.
 //
-// The Mooncake trace (../shared/workloads/mooncake_synthetic_trace.jsonl) describes prompts as
-// lists of prefix-chained block hash ids, one per 512 tokens. Block maps each id to a
+// The Mooncake trace (traces/mooncake_synthetic_trace.jsonl.gz, embedded: Mooncake) describes
+// prompts as lists of prefix-chained block hash ids, one per 512 tokens. Block maps each id to a
 // deterministic block of English-like text, so two requests whose id lists share a prefix
 // produce prompts that share the same prefix of text, and two different ids diverge at their
 // first char. Every part of the project that needs Mooncake prompts uses this mapping.
@@ -9,8 +9,12 @@ package workload
 
 import (
 	"bufio"
+	"bytes"
+	"compress/gzip"
+	_ "embed"
 	"encoding/json"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -28,8 +32,33 @@ const (
 	BlockChars = BlockTokens * CharsPerToken
 )
 
-// TraceFile is the Mooncake trace's file name in ../shared/workloads.
+// TraceFile is the Mooncake trace's file name in a workloads directory (KVROUTE_WORKLOADS).
 const TraceFile = "mooncake_synthetic_trace.jsonl"
+
+// mooncakeGz is the Mooncake trace the repository ships (traces/README.md says where it comes
+// from; Apache-2.0, its license beside it), gzip-compressed: a fresh clone runs the demo's
+// Mooncake workload and the simulator's card with nothing else on the machine.
+//
+//go:embed traces/mooncake_synthetic_trace.jsonl.gz
+var mooncakeGz []byte
+
+// Mooncake returns the Mooncake trace: the one the repository ships, or, when the environment
+// variable KVROUTE_WORKLOADS names a directory, that directory's TraceFile (an error when it is
+// not there: a directory named on purpose is never passed over for the shipped copy).
+func Mooncake() ([]Request, error) {
+	if dir := os.Getenv("KVROUTE_WORKLOADS"); dir != "" {
+		return LoadMooncake(filepath.Join(dir, TraceFile))
+	}
+	return readMooncake(bytes.NewReader(mooncakeGz), "traces/"+TraceFile+".gz")
+}
+
+// MooncakeSource says where Mooncake reads the trace from.
+func MooncakeSource() string {
+	if dir := os.Getenv("KVROUTE_WORKLOADS"); dir != "" {
+		return filepath.Join(dir, TraceFile)
+	}
+	return "the trace shipped in examples/workload/traces"
+}
 
 // Request is one line of a Mooncake trace.
 type Request struct {
@@ -46,15 +75,32 @@ type traceLine struct {
 	HashIDs      []int `json:"hash_ids"`
 }
 
-// LoadMooncake reads a Mooncake-format JSONL trace.
+// LoadMooncake reads a Mooncake-format JSONL trace from a file, plain or gzip-compressed.
 func LoadMooncake(path string) ([]Request, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, err
 	}
 	defer f.Close()
+	return readMooncake(f, path)
+}
+
+// readMooncake reads a Mooncake-format JSONL trace, gzip-compressed or not (told by its first
+// bytes); name is where it comes from, for errors.
+func readMooncake(r io.Reader, name string) ([]Request, error) {
+	br := bufio.NewReader(r)
+	if magic, _ := br.Peek(2); len(magic) == 2 && magic[0] == 0x1f && magic[1] == 0x8b {
+		zr, err := gzip.NewReader(br)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", name, err)
+		}
+		defer zr.Close()
+		r = zr
+	} else {
+		r = br
+	}
 	var out []Request
-	sc := bufio.NewScanner(f)
+	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 0, 1<<20), 16<<20)
 	for n := 1; sc.Scan(); n++ {
 		line := strings.TrimSpace(sc.Text())
@@ -63,10 +109,10 @@ func LoadMooncake(path string) ([]Request, error) {
 		}
 		var tl traceLine
 		if err := json.Unmarshal([]byte(line), &tl); err != nil {
-			return nil, fmt.Errorf("%s:%d: %w", path, n, err)
+			return nil, fmt.Errorf("%s:%d: %w", name, n, err)
 		}
 		if tl.InputLength < 0 || tl.OutputLength < 0 {
-			return nil, fmt.Errorf("%s:%d: negative length", path, n)
+			return nil, fmt.Errorf("%s:%d: negative length", name, n)
 		}
 		out = append(out, Request{
 			Timestamp:    time.Duration(tl.Timestamp) * time.Millisecond,
@@ -75,40 +121,10 @@ func LoadMooncake(path string) ([]Request, error) {
 			HashIDs:      tl.HashIDs,
 		})
 	}
-	return out, sc.Err()
-}
-
-// FindTrace looks for ../shared/workloads/<name> from the working directory and each of its
-// parents (tests run in a package directory below the repository root). The environment
-// variable KVROUTE_WORKLOADS, when set, names the workloads directory instead. It returns ""
-// when the file is nowhere to be found; benchmarks skip then.
-func FindTrace(name string) string {
-	if dir := os.Getenv("KVROUTE_WORKLOADS"); dir != "" {
-		p := filepath.Join(dir, name)
-		if _, err := os.Stat(p); err == nil {
-			return p
-		}
-		return ""
+	if err := sc.Err(); err != nil {
+		return nil, fmt.Errorf("%s: %w", name, err)
 	}
-	dir, err := os.Getwd()
-	if err != nil {
-		return ""
-	}
-	for {
-		for _, p := range []string{
-			filepath.Join(dir, "..", "shared", "workloads", name),
-			filepath.Join(dir, "shared", "workloads", name),
-		} {
-			if _, err := os.Stat(p); err == nil {
-				return p
-			}
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			return ""
-		}
-		dir = parent
-	}
+	return out, nil
 }
 
 var words = strings.Fields(`the a of and to in is that for it as with was on be by at this

@@ -6,6 +6,8 @@ import (
 	"math"
 	"os"
 	"slices"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/kvroute/caddy-kvroute/examples/replay"
@@ -23,7 +25,13 @@ type bench struct {
 	extras map[*replay.Result]*runExtras
 	// ownChars is the fleet's own chars per token on the workload (fleetCharsPerToken).
 	ownChars float64
+	// onDone, when set, hears each call of a run end (compare's progress).
+	onDone func(done, total int)
 }
+
+// progressEvery is how often a run that lasts prints how far it got: the Ollama fleet's runs
+// take tens of seconds each, a loaded machine's minutes.
+const progressEvery = 10 * time.Second
 
 // runOnce replays the workload once through a fresh Caddy with policy p on a fleet with empty
 // caches.
@@ -54,6 +62,7 @@ func (b *bench) runOnce(ctx context.Context, p policy) (*replay.Result, error) {
 	opts := b.cfg.replayOptions(url, b.fleet.CapacityBlocks(), b.fleet.BlockTokens())
 	opts.Prompt = b.fleet.Prompt()
 	opts.Client = b.fleet.Client(max(opts.Concurrency, opts.MaxInFlight, 256))
+	opts.OnDone = b.onDone
 	var outage <-chan error
 	if p.Outage {
 		opts.KeepRecords = true // for the hit ratio before, during and after
@@ -135,7 +144,7 @@ func (b *bench) runOnce(ctx context.Context, p policy) (*replay.Result, error) {
 	}
 	if err == nil && admin > 0 && telemetryOn(p) {
 		if l, lerr := learnedReport(admin, b.fleet.Addrs()); lerr == nil {
-			l += fmt.Sprintf("\n  %s's own count on this workload: %.3f chars per token", b.fleet.Kind(), b.fleetCharsPerToken())
+			l += "\n  " + b.ownCountLine(res)
 			fmt.Printf("\n  %s\n  ", l)
 		} else {
 			fmt.Fprintln(os.Stderr, "warning: reading what kv_cache_aware learned:", lerr)
@@ -183,6 +192,56 @@ func (b *bench) runOnce(ctx context.Context, p policy) (*replay.Result, error) {
 	return res, nil
 }
 
+// showProgress has the next run print, every progressEvery while it lasts, the calls it has
+// answered ("24/48"), on the line of its result; it returns the function that stops it.
+func (b *bench) showProgress() (stop func()) {
+	var done, total atomic.Int64
+	b.onDone = func(d, t int) {
+		for {
+			cur := done.Load()
+			if int64(d) <= cur || done.CompareAndSwap(cur, int64(d)) {
+				break
+			}
+		}
+		total.Store(int64(t))
+	}
+	quit := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		t := time.NewTicker(progressEvery)
+		defer t.Stop()
+		for {
+			select {
+			case <-t.C:
+				if n := total.Load(); n > 0 {
+					fmt.Printf("%d/%d ", done.Load(), n)
+				}
+			case <-quit:
+				return
+			}
+		}
+	})
+	return func() {
+		close(quit)
+		wg.Wait()
+		b.onDone = nil
+	}
+}
+
+// ownCountLine says how the fleet's engines count the workload's tokens, beside what
+// kv_cache_aware learned: the sim's and llm-d's from their tokenizers (the demo models both),
+// a real engine's from the prompt tokens its answers reported over this run.
+func (b *bench) ownCountLine(res *replay.Result) string {
+	if b.fleet.Prompt() == nil && b.cfg.fleet != "sim" {
+		if res == nil || res.PromptTokens == 0 || res.Errors > 0 {
+			return fmt.Sprintf("%s's own count: not known (its answers reported no prompt tokens over every call)", engineName(b.fleet))
+		}
+		return fmt.Sprintf("%s's own count over this run: %.3f chars per token (the routing text's chars over the prompt tokens its answers reported)",
+			engineName(b.fleet), b.workloadChars()/float64(res.PromptTokens))
+	}
+	return fmt.Sprintf("%s's own count on this workload: %.3f chars per token", b.fleet.Kind(), b.fleetCharsPerToken())
+}
+
 // startCaddy starts Caddy in front of the fleet with policy p.
 func (b *bench) startCaddy(ctx context.Context, p policy) (*caddyProcess, error) {
 	c, _, err := b.startCaddyPorts(ctx, p, nil)
@@ -227,7 +286,9 @@ func (b *bench) compare(ctx context.Context, policies []policy) ([]*policyResult
 		p := policies[i]
 		start := time.Now()
 		fmt.Printf("%-20s run %d/%d ... ", p.Name+p.Suffix, rep+1, b.cfg.repeats)
+		stop := b.showProgress()
 		res, err := b.runOnce(ctx, p)
+		stop()
 		if err != nil {
 			fmt.Println()
 			return fmt.Errorf("%s: %w", p.Name, err)

@@ -102,6 +102,11 @@ type config struct {
 	report   string
 	llmdBin  string
 	verbose  bool
+
+	given map[string]bool // the flags given on the command line
+	// defaultPolicies, when set, are the policies run without -policies (the Ollama fleet's:
+	// each run costs real prefills on the machine's CPUs).
+	defaultPolicies []string
 }
 
 // parseFlags parses the command line into a config, defaults filled in per workload.
@@ -109,7 +114,7 @@ func parseFlags(args []string) (*config, error) {
 	cfg := &config{chat: workload.DefaultChat}
 	fs := flag.NewFlagSet("demo", flag.ContinueOnError)
 	fs.StringVar(&cfg.caddy, "caddy", "", "Caddy binary with kvroute built in (required; ./xcaddy.sh build makes ./caddy, ./xcaddy.sh demo makes ./caddy-demo with the peer policies)")
-	fs.StringVar(&cfg.fleet, "fleet", "sim", "worker fleet: sim (our simulator, in process), llmd (llm-d-inference-sim processes, built on first use) or ollama (real Ollama engines serving a tiny model, CPU-only: examples/ollama, built on first use)")
+	fs.StringVar(&cfg.fleet, "fleet", "sim", "worker fleet: sim (our simulator, in process), llmd (llm-d-inference-sim processes, built on first use) or ollama (real Ollama engines serving a tiny model, CPU-only: examples/ollama, built on first use with cgo, which needs a C/C++ compiler; unless given, its chat runs 12 conversations of 4 turns over 3 system prompts with 4 clients, 3 interleaved rounds of kv_cache_aware, sglang_cache_aware, least_conn and round_robin: a few minutes)")
 	fs.IntVar(&cfg.workers, "workers", 4, "workers in the fleet")
 	fs.IntVar(&cfg.blocks, "cache-blocks", 0, fmt.Sprintf("KV cache per worker in blocks, running requests and prefix cache together as in vLLM (default: chat %d, mooncake %d)", chatBlocksPerWorker, mooncakeBlocksPerWorker))
 	fs.IntVar(&cfg.engine.maxNumSeqs, "max-num-seqs", llmsim.DefaultSlots, "sim fleet: requests in a worker's batch at most (vLLM's max_num_seqs; the fleet simulator's engine.Config.MaxNumSeqs)")
@@ -135,7 +140,7 @@ func parseFlags(args []string) (*config, error) {
 	fs.BoolVar(&cfg.openLoop, "open", false, "open loop: chat conversations arrive at -rate, mooncake requests at the trace's times × -time-scale; closed loop: -concurrency clients, each sending its next conversation turn or trace request (in trace order) when its previous answer ends (default: chat closed, mooncake open; -open=false replays the trace closed loop)")
 	fs.Float64Var(&cfg.chat.Rate, "rate", cfg.chat.Rate, "chat, open loop: conversations started per second")
 
-	fs.StringVar(&cfg.trace, "trace", "", "mooncake: trace file (default: ../shared/workloads/"+workload.TraceFile+", found from the working directory up)")
+	fs.StringVar(&cfg.trace, "trace", "", "mooncake: a Mooncake-format trace file, plain or gzip-compressed (default: the trace shipped in examples/workload/traces, or $KVROUTE_WORKLOADS/"+workload.TraceFile+" when that variable is set)")
 	fs.IntVar(&cfg.limit, "limit", 0, "send only the first N sessions (trace requests or conversations), after sampling; 0: all")
 	fs.IntVar(&cfg.sample, "sample", 1, "mooncake: keep one trace request in N (timestamps kept)")
 	fs.Float64Var(&cfg.timeScale, "time-scale", 0, fmt.Sprintf("open loop: multiply send times (default: mooncake %g, chat 1)", mooncakeTimeScale))
@@ -182,7 +187,9 @@ func parseFlags(args []string) (*config, error) {
 	if fs.NArg() > 0 {
 		return nil, fmt.Errorf("unexpected arguments: %v", fs.Args())
 	}
-	fs.Visit(func(f *flag.Flag) { cfg.openSet = cfg.openSet || f.Name == "open" })
+	cfg.given = map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { cfg.given[f.Name] = true })
+	cfg.openSet = cfg.given["open"]
 	cfg.kvOptions = splitOptions(*kv)
 	if cfg.energy, err = parseEnergy(*en, cfg.workers); err != nil {
 		return nil, err
@@ -255,6 +262,9 @@ func (c *config) finish() error {
 	}
 	switch c.kind {
 	case "chat":
+		if c.fleet == "ollama" {
+			c.ollamaDefaults()
+		}
 		if c.blocks == 0 {
 			c.blocks = chatBlocksPerWorker
 			switch c.fleet {
@@ -286,11 +296,6 @@ func (c *config) finish() error {
 		if !c.openSet {
 			c.openLoop = true
 		}
-		if c.trace == "" {
-			if c.trace = workload.FindTrace(workload.TraceFile); c.trace == "" {
-				return errors.New("mooncake trace not found: pass -trace")
-			}
-		}
 	case "conversation":
 		// The fleet simulator's look-alike of Mooncake's conversation trace, closed loop
 		// unless -open: what demosim's demo-conversation-closed-16-4slots runs.
@@ -316,6 +321,30 @@ func (c *config) finish() error {
 		return errors.New("-max-num-seqs, -max-batch-tokens and -block-tokens must be positive, -step-fixed, -prefill-per-token and -per-seq at least 0")
 	}
 	return nil
+}
+
+// The Ollama fleet's chat defaults: real prefills on the machine's CPUs, a few minutes in all
+// (docs/benchmarks.md, "On a real engine": 48 calls per run of about 1,500 prompt tokens each,
+// 3 interleaved rounds of the 4 policies compared there). A flag given on the command line wins.
+var ollamaChat = struct {
+	conversations, systemPrompts, turns, concurrency, repeats int
+	policies                                                  []string
+}{12, 3, 4, 4, 3, []string{"kv_cache_aware", "sglang_cache_aware", "least_conn", "round_robin"}}
+
+func (c *config) ollamaDefaults() {
+	for name, set := range map[string]func(){
+		"conversations":  func() { c.chat.Conversations = ollamaChat.conversations },
+		"system-prompts": func() { c.chat.SystemPrompts = ollamaChat.systemPrompts },
+		"turns":          func() { c.chat.Turns = ollamaChat.turns },
+		"concurrency":    func() { c.concurrency = ollamaChat.concurrency },
+		"repeats":        func() { c.repeats = ollamaChat.repeats },
+		"interleave":     func() { c.interleave = true },
+		"policies":       func() { c.defaultPolicies = ollamaChat.policies },
+	} {
+		if !c.given[name] {
+			set()
+		}
+	}
 }
 
 // engineFlags are the sim fleet's engine parameters (llmsim.Config, the fleet simulator's
@@ -351,7 +380,11 @@ func (c *config) workload() (workload.Workload, error) {
 		w.Name = "conversation"
 		return w, nil
 	}
-	reqs, err := workload.LoadMooncake(c.trace)
+	load := workload.Mooncake
+	if c.trace != "" {
+		load = func() ([]workload.Request, error) { return workload.LoadMooncake(c.trace) }
+	}
+	reqs, err := load()
 	if err != nil {
 		return workload.Workload{}, err
 	}

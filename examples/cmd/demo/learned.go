@@ -95,6 +95,9 @@ func learnedReport(admin int, addrs []string) (string, error) {
 		restarts += u.Learned.Restarts
 		exports = u.Learned.Exports
 	}
+	if exports == "" {
+		exports = "nothing (no /metrics read)"
+	}
 	fmt.Fprintf(&b, "\n  tree bound per worker (chars): %s; prefill tokens/s: %s; engines export: %s; restarts: %d",
 		strings.Join(bounds, " "), strings.Join(speeds, " "), exports, restarts)
 	if q := totals["engine_cache_queries_total"]; q > 0 && totals["routed_chars_total"] > 0 {
@@ -130,6 +133,20 @@ func engineCharsPerToken(w workload.Workload, prompt func(workload.Call) llmsim.
 		return 0
 	}
 	return chars / tokens
+}
+
+// workloadChars are the routing text's chars over every call of the workload, as kvroute
+// extracts them.
+func (b *bench) workloadChars() float64 {
+	var chars float64
+	for _, s := range b.workload.Sessions {
+		for _, c := range s.Calls {
+			if body, err := c.Resolve().Body(false); err == nil {
+				chars += float64(llmreq.Parse(body, false).Runes)
+			}
+		}
+	}
+	return chars
 }
 
 // fleetCharsPerToken is the fleet's own chars per token on the workload (llmd: its dummy

@@ -56,13 +56,11 @@ func TestLlmdOwnCount(t *testing.T) {
 	}
 	resp.Body.Close()
 	workloads := map[string]workload.Workload{"chat": workload.ChatWorkload(workload.DefaultChat).Limit(4)}
-	if trace := workload.FindTrace(workload.TraceFile); trace != "" {
-		reqs, err := workload.LoadMooncake(trace)
-		if err != nil {
-			t.Fatal(err)
-		}
-		workloads["mooncake"] = workload.MooncakeWorkload(reqs, workload.MooncakeConfig{Model: workload.DefaultChat.Model, MaxTokens: 1}).Limit(12)
+	reqs, err := workload.Mooncake()
+	if err != nil {
+		t.Fatal(err)
 	}
+	workloads["mooncake"] = workload.MooncakeWorkload(reqs, workload.MooncakeConfig{Model: workload.DefaultChat.Model, MaxTokens: 1}).Limit(12)
 	for name, w := range workloads {
 		var chars, counted, emulated float64
 		calls := 0

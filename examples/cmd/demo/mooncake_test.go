@@ -83,3 +83,23 @@ func TestMooncakeClosedLoop(t *testing.T) {
 		t.Errorf("%d requests in flight at most, want 1-2 (2 closed-loop clients)", m)
 	}
 }
+
+// TestMooncakeFreshClone: -workload mooncake without -trace reads the trace the repository
+// ships, from a working directory with nothing of the project's around it and no
+// KVROUTE_WORKLOADS.
+func TestMooncakeFreshClone(t *testing.T) {
+	t.Setenv("KVROUTE_WORKLOADS", "")
+	os.Unsetenv("KVROUTE_WORKLOADS")
+	t.Chdir(t.TempDir())
+	cfg, err := parseFlags([]string{"-caddy", "x", "-workload", "mooncake", "-limit", "5"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := cfg.workload()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(w.Sessions) != 5 || w.Sessions[0].Calls[0].Trace == nil || w.Sessions[0].Calls[0].Trace.InputLength != 40160 {
+		t.Fatalf("%d sessions, want the trace's first 5", len(w.Sessions))
+	}
+}

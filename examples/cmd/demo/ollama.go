@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"sync"
 	"time"
 
@@ -47,36 +48,60 @@ func startOllamaFleet(ctx context.Context, cfg *config) (*ollamaFleet, error) {
 			return nil, err
 		}
 	}
+	fmt.Printf("starting %d Ollama instances (%s) ... ", cfg.workers, bin)
+	start := time.Now()
 	f, err := ollamafleet.Start(ctx, ollamafleet.Config{
 		Bin: bin, Model: model, Name: cfg.chat.Model, Parallel: ollamaParallel, Context: ollamaContext, Threads: 1,
 		StartTimeout: 5 * time.Minute,
 	}, cfg.workers)
 	if err != nil {
+		fmt.Println()
 		return nil, err
 	}
+	fmt.Printf("up in %s\n", time.Since(start).Round(100*time.Millisecond))
 	return &ollamaFleet{f: f, kind: fmt.Sprintf("Ollama v0.6.5 (tiny model, OLLAMA_NUM_PARALLEL=%d, answers of %d tokens)", ollamaParallel, ollamaMaxTokens),
 		speed: make([]float64, cfg.workers)}, nil
 }
 
-// ollamaBinary returns examples/ollama's binary and model, building them when missing.
+// ollamaBinary returns examples/ollama's binary and model, building them when missing. The
+// build's output (the C compiler's warnings on llama.cpp's sources, thousands of lines) goes to
+// bin/build.log, shown only when the build fails.
 func ollamaBinary(ctx context.Context) (bin, model string, err error) {
 	dir, err := findDir(ollamaDir)
 	if err != nil {
 		return "", "", err
 	}
 	bin, model = filepath.Join(dir, "bin", "ollama"), filepath.Join(dir, "bin", "tiny.gguf")
+	if err := os.MkdirAll(filepath.Dir(bin), 0o755); err != nil {
+		return "", "", err
+	}
+	logPath := filepath.Join(dir, "bin", "build.log")
 	run := func(env []string, args ...string) error {
+		log, err := os.Create(logPath)
+		if err != nil {
+			return err
+		}
+		defer log.Close()
 		cmd := exec.CommandContext(ctx, "go", args...)
 		cmd.Dir, cmd.Env = dir, append(os.Environ(), env...)
-		cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
-		return cmd.Run()
+		cmd.Stdout, cmd.Stderr = log, log
+		if err := cmd.Run(); err != nil {
+			return fmt.Errorf("%w; its last lines (all in %s):\n%s", err, logPath, lastLines(logPath, 20))
+		}
+		return nil
 	}
 	if _, err := os.Stat(bin); err != nil {
-		fmt.Printf("building Ollama into %s (first use only: minutes, CPU-only with cgo)\n", bin)
+		if _, err := exec.LookPath(cCompiler()); err != nil {
+			return "", "", fmt.Errorf("building Ollama needs a C/C++ compiler (cgo: %s not found; e.g. apt-get install build-essential), or KVROUTE_OLLAMA_BIN naming a built one", cCompiler())
+		}
+		start := time.Now()
+		fmt.Printf("building Ollama into %s: first use only, minutes (CPU-only, cgo, -O3 -march=native; the compiler's output goes to %s) ... ", bin, logPath)
 		flags := "-O3 -march=native"
 		if err := run([]string{"CGO_ENABLED=1", "CGO_CFLAGS=" + flags, "CGO_CXXFLAGS=" + flags}, "build", "-o", "bin/ollama", "github.com/ollama/ollama"); err != nil {
+			fmt.Println()
 			return "", "", fmt.Errorf("building Ollama (see %s/doc.go): %w", dir, err)
 		}
+		fmt.Printf("done in %s\n", time.Since(start).Round(time.Second))
 	}
 	if _, err := os.Stat(model); err != nil {
 		if err := run(nil, "run", "./cmd/tinymodel", "-o", "bin/tiny.gguf"); err != nil {
@@ -84,6 +109,24 @@ func ollamaBinary(ctx context.Context) (bin, model string, err error) {
 		}
 	}
 	return bin, model, nil
+}
+
+// cCompiler is the C compiler cgo runs: $CC, else gcc (cgo's default on Linux).
+func cCompiler() string {
+	if cc := strings.Fields(os.Getenv("CC")); len(cc) > 0 {
+		return cc[0]
+	}
+	return "gcc"
+}
+
+// lastLines returns the last n lines of the file at path ("" when it cannot be read).
+func lastLines(path string, n int) string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return ""
+	}
+	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
+	return strings.Join(lines[max(0, len(lines)-n):], "\n")
 }
 
 func (o *ollamaFleet) Kind() string    { return o.kind }

@@ -104,6 +104,9 @@ func selectPolicies(cfg *config, bin *caddyBinary) ([]policy, []string, error) {
 	var notes []string
 	if cfg.policies == "" {
 		var out, missing []policy
+		if cfg.defaultPolicies != nil {
+			all = slices.DeleteFunc(all, func(p policy) bool { return !slices.Contains(cfg.defaultPolicies, p.Name) })
+		}
 		for _, p := range all {
 			if bin.has(policyModulePrefix + p.Module) {
 				out = append(out, p)

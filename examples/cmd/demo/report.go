@@ -99,8 +99,8 @@ Wall time {{f0 .Out.WallSeconds}} s.</p>
 
 {{with .Out.Walkthrough}}
 <h2>Walkthrough: kv_cache_aware</h2>
-<table><tr><th>request</th><th>worker</th><th>prompt tokens</th><th>cached tokens</th></tr>
-{{range .}}<tr><td>{{.What}}</td><td>{{if .Error}}{{.Error}}{{else}}{{.Worker}}{{end}}</td><td>{{.PromptTokens}}</td><td>{{.CachedTokens}}</td></tr>
+<table><tr><th>request</th><th>worker</th><th>prompt tokens</th><th>cached tokens</th><th>answer, ms</th></tr>
+{{range .}}<tr><td>{{.What}}</td><td>{{if .Error}}{{.Error}}{{else}}{{.Worker}}{{end}}</td><td>{{.PromptTokens}}</td><td>{{.CachedTokens}}</td><td>{{f0 .Ms}}</td></tr>
 {{end}}</table>
 {{end}}
 
@@ -187,15 +187,42 @@ func hitChart(results []*policyResult) string {
 			ref, inf = append(ref, run.ReferenceHitRatio), append(inf, run.InfiniteHitRatio)
 		}
 	}
-	for _, l := range []struct {
-		v    float64
-		name string
-	}{{mean(ref), "reference"}, {mean(inf), "infinite"}} {
+	for _, l := range refLines(mean(ref), mean(inf), x) {
 		fmt.Fprintf(&b, `<line x1="%.1f" x2="%.1f" y1="%d" y2="%d" stroke="#c00" stroke-dasharray="5 4"/>`, x(l.v), x(l.v), chartMargin-8, h-chartMargin+4)
-		fmt.Fprintf(&b, `<text x="%.1f" y="%d" text-anchor="middle" style="fill:#c00">%s %.2f</text>`, x(l.v), chartMargin-12, l.name, l.v)
+		fmt.Fprintf(&b, `<text x="%.1f" y="%d" text-anchor="%s" style="fill:#c00">%s</text>`, x(l.v), chartMargin-12, l.anchor, l.text)
 	}
 	b.WriteString("</svg>")
 	return b.String()
+}
+
+// refLabelWidth is the room a reference line's label takes ("reference 0.85" at the chart's
+// font size, with a margin), in the chart's pixels.
+const refLabelWidth = 110
+
+// refLine is a dashed line of the hit-ratio chart and its label.
+type refLine struct {
+	v            float64
+	text, anchor string
+}
+
+// refLines are the hit-ratio chart's lines for the reference LRU and the infinite cache: one
+// line and label when they read the same (the fleet's cache holds the whole workload), else a
+// label each, centred on its line, or set off to either side when centred labels would
+// overlap (the reference's to the left of its line, the infinite's to the right).
+func refLines(ref, inf float64, x func(float64) float64) []refLine {
+	r, i := fmt.Sprintf("%.2f", ref), fmt.Sprintf("%.2f", inf)
+	if r == i {
+		return []refLine{{ref, "reference = infinite " + r, "middle"}}
+	}
+	lines := []refLine{{ref, "reference " + r, "middle"}, {inf, "infinite " + i, "middle"}}
+	if math.Abs(x(inf)-x(ref)) < refLabelWidth {
+		left, right := 0, 1
+		if inf < ref {
+			left, right = 1, 0
+		}
+		lines[left].anchor, lines[right].anchor = "end", "start"
+	}
+	return lines
 }
 
 // ttftChart draws p99 TTFT per policy, with p50 as an inner bar.

@@ -163,7 +163,9 @@ func (st *kvStatus) prefillLine(addrs []string, configured []float64, slow []boo
 		}
 		parts[i] = fmt.Sprintf("w%d %.0f/%.0f (%.2f)%s", i, u.Learned.Prefill, configured[i], ratios[i], tag)
 	}
-	return "learned prefill tokens/s against configured: " + strings.Join(parts, ", ")
+	return "prefill tokens/s kv_cache_aware learned / the engine's own speed (1 / its prefill time per token: the sim's " +
+		"-prefill-per-token over -speed, llm-d's --prefill-time-per-token; kvroute's prior until learned: prefill_tokens_per_second, 5000): " +
+		strings.Join(parts, ", ")
 }
 
 // restartResult is what -restart-at saw: when the worker restarted (from the replay's start),
@@ -417,7 +419,7 @@ func printLearned(w io.Writer, results []*policyResult, extras map[*replay.Resul
 				continue
 			}
 			m, lo, hi := medianSpan(rs)
-			fmt.Fprintf(w, "  w%d prefill speed learned/configured %.2f (%.2f-%.2f)%s\n", i, m, lo, hi, tag)
+			fmt.Fprintf(w, "  w%d prefill speed learned / the engine's own %.2f (%.2f-%.2f)%s\n", i, m, lo, hi, tag)
 		}
 	}
 }

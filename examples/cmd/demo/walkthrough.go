@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/kvroute/caddy-kvroute/examples/workload"
@@ -19,7 +20,10 @@ type step struct {
 	Worker       string `json:"worker"` // w0, w1, ... (the upstream's index in the fleet)
 	PromptTokens int    `json:"prompt_tokens"`
 	CachedTokens int    `json:"cached_tokens"`
-	Error        string `json:"error,omitempty"`
+	// Ms is the whole answer's time (the walkthrough's requests are not streamed): where an
+	// engine reports no cached tokens (Ollama), its cache shows only there.
+	Ms    float64 `json:"ms"`
+	Error string  `json:"error,omitempty"`
 }
 
 // walkthrough sends, through kv_cache_aware on an empty fleet, the first turns of a
@@ -60,7 +64,12 @@ func (b *bench) walkthrough(ctx context.Context) ([]step, error) {
 	}
 	client.Timeout = time.Minute
 	fmt.Printf("Walkthrough: kv_cache_aware on an empty fleet (%s), one request at a time\n", workerLegend(b.fleet.Addrs()))
-	fmt.Printf("  %-26s %8s  %-6s %8s\n", "request", "prompt", "worker", "cached")
+	reportsCached := b.cfg.fleet != "ollama"
+	if !reportsCached {
+		fmt.Printf("  %s reports no cached tokens (its answers' usage has none): a prefix it holds shows as a shorter time,\n"+
+			"  the turns of conversation A against their first, not as cached tokens.\n", engineName(b.fleet))
+	}
+	fmt.Printf("  %-26s %8s  %-6s %8s %8s\n", "request", "prompt", "worker", "cached", "ms")
 	var steps []step
 	for _, it := range items {
 		st := b.send(ctx, client, caddy.URL, it.call)
@@ -70,9 +79,17 @@ func (b *bench) walkthrough(ctx context.Context) ([]step, error) {
 			fmt.Printf("  %-26s error: %s\n", st.What, st.Error)
 			continue
 		}
-		fmt.Printf("  %-26s %8d  %-6s %8d\n", st.What, st.PromptTokens, st.Worker, st.CachedTokens)
+		cached := fmt.Sprint(st.CachedTokens)
+		if !reportsCached {
+			cached = "-"
+		}
+		fmt.Printf("  %-26s %8d  %-6s %8s %8.0f\n", st.What, st.PromptTokens, st.Worker, cached, st.Ms)
 	}
-	fmt.Println("  (tokens as the worker counts them; cached = its prefix cache hit)")
+	if reportsCached {
+		fmt.Println("  (tokens as the worker counts them; cached = its prefix cache hit; ms = the whole answer)")
+	} else {
+		fmt.Println("  (tokens as the worker counts them; ms = the whole answer, prefill and its few output tokens)")
+	}
 	return steps, ctx.Err()
 }
 
@@ -90,12 +107,14 @@ func (b *bench) send(ctx context.Context, client *http.Client, base string, c wo
 	for k, v := range c.Headers {
 		req.Header.Set(k, v)
 	}
+	start := time.Now()
 	resp, err := client.Do(req)
 	if err != nil {
 		return step{Error: err.Error()}
 	}
 	defer resp.Body.Close()
 	raw, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	ms := float64(time.Since(start)) / float64(time.Millisecond)
 	if resp.StatusCode != http.StatusOK {
 		return step{Error: fmt.Sprintf("HTTP %d: %.200s", resp.StatusCode, raw)}
 	}
@@ -110,11 +129,17 @@ func (b *bench) send(ctx context.Context, client *http.Client, base string, c wo
 	if err := json.Unmarshal(raw, &out); err != nil {
 		return step{Error: fmt.Sprintf("bad response: %v", err)}
 	}
-	st := step{Worker: workerName(b.fleet.Addrs(), resp.Header.Get(workerHeader)), PromptTokens: out.Usage.PromptTokens}
+	st := step{Worker: workerName(b.fleet.Addrs(), resp.Header.Get(workerHeader)), PromptTokens: out.Usage.PromptTokens, Ms: ms}
 	if out.Usage.Details != nil {
 		st.CachedTokens = out.Usage.Details.CachedTokens
 	}
 	return st
+}
+
+// engineName is the fleet's engine without its settings ("Ollama v0.6.5").
+func engineName(f fleet) string {
+	name, _, _ := strings.Cut(f.Kind(), " (")
+	return name
 }
 
 // workerName maps an upstream address to its short name w0, w1, ... ("?" plus the value when

@@ -48,18 +48,16 @@ func main() {
 	chatW := func(n int, seed uint64) (*fleetsim.Workload, error) { return fleetsim.ChatWorkload(n, seed), nil }
 	moonW := func(n int, _ uint64) (*fleetsim.Workload, error) { return fleetsim.MooncakeWorkload(n) }
 	moonRate := 0.0
-	if path := workload.FindTrace(workload.TraceFile); path != "" {
-		reqs, err := workload.LoadMooncake(path)
-		if err != nil {
-			fmt.Fprintln(os.Stderr, "demosim:", err)
-			os.Exit(1)
-		}
-		var span time.Duration
-		for _, r := range reqs[:min(1000, len(reqs))] {
-			span = max(span, r.Timestamp)
-		}
-		moonRate = 1000 / (span.Seconds() / *speed) // the demo's time scale 0.1 at its speed 10
+	reqs, err := workload.Mooncake()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "demosim:", err)
+		os.Exit(1)
 	}
+	var span time.Duration
+	for _, r := range reqs[:min(1000, len(reqs))] {
+		span = max(span, r.Timestamp)
+	}
+	moonRate = 1000 / (span.Seconds() / *speed) // the demo's time scale 0.1 at its speed 10
 	scs := []struct {
 		sc   fleetsim.Scenario
 		rate float64

@@ -9,7 +9,6 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"flag"
 	"fmt"
 	"os"
@@ -42,7 +41,7 @@ func run() error {
 	flag.Float64Var(&chat.Rate, "rate", chat.Rate, "chat, open loop: conversations started per second")
 	flag.DurationVar(&chat.Think, "think", chat.Think, "chat, open loop: time between the turns of a conversation")
 
-	trace := flag.String("trace", "", "mooncake: trace file (default: ../shared/workloads/"+workload.TraceFile+" found from the working directory up)")
+	trace := flag.String("trace", "", "mooncake: a Mooncake-format trace file, plain or gzip-compressed (default: the trace shipped in examples/workload/traces, or $KVROUTE_WORKLOADS/"+workload.TraceFile+" when that variable is set)")
 	api := flag.String("api", "completions", "mooncake: send prompts as completions or as chat (one user message)")
 	maxOut := flag.Int("max-output", 0, "mooncake: cap output tokens per request; 0: the trace's")
 	model := flag.String("model", workload.DefaultChat.Model, "model named in the requests (empty: none)")
@@ -89,13 +88,11 @@ func run() error {
 			return fmt.Errorf("-api: want completions or chat, got %q", *api)
 		}
 		cfg.Model, cfg.MaxTokens = *model, *maxOut
-		path := *trace
-		if path == "" {
-			if path = workload.FindTrace(workload.TraceFile); path == "" {
-				return errors.New("mooncake trace not found: pass -trace")
-			}
+		load := workload.Mooncake
+		if *trace != "" {
+			load = func() ([]workload.Request, error) { return workload.LoadMooncake(*trace) }
 		}
-		reqs, err := workload.LoadMooncake(path)
+		reqs, err := load()
 		if err != nil {
 			return err
 		}

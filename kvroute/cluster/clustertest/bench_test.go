@@ -33,11 +33,7 @@ func chatTexts() []string {
 
 // mooncakeTexts are the first prompts of the Mooncake trace (up to ~60k chars each).
 func mooncakeTexts(b *testing.B, n int) []string {
-	path := workload.FindTrace(workload.TraceFile)
-	if path == "" {
-		b.Skip("Mooncake trace not found (set KVROUTE_WORKLOADS)")
-	}
-	reqs, err := workload.LoadMooncake(path)
+	reqs, err := workload.Mooncake()
 	if err != nil {
 		b.Fatal(err)
 	}
