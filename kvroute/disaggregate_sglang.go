@@ -270,9 +270,10 @@ func (p *bootstrapPolicy) Select(pool reverseproxy.UpstreamPool, r *http.Request
 }
 
 // refusal says why protocol sglang cannot split a request the matcher matched, or nil. A body
-// not held whole or content-encoded is a 502, as DESIGN.md's contract says (the client's
-// request is fine; this gateway cannot forward it the SGLang way); a body that is not a JSON
-// object is the client's error (400); a format SGLang's engines do not split is a 501.
+// not held whole or content-encoded is a 502, as the table of errors in docs/disaggregation.md
+// ("SGLang") says (the client's request is fine; this gateway cannot forward it the SGLang
+// way); a body that is not a JSON object is the client's error (400); a format SGLang's
+// engines do not split is a 501.
 func refusal(r *http.Request, lr *llmRequest, fields map[string]json.RawMessage) *errNotSplit {
 	switch {
 	case lr.body == nil:
