@@ -345,10 +345,11 @@ const (
 	disaggFallback             // not splittable (body not held whole, encoded, format) or the prefill pool saturated
 	disaggPrefillFailed        // vllm: the prefill leg failed or returned no parameters: aggregated; sglang: a 502
 	disaggRefused              // sglang: not splittable (body not held whole, encoded, format, batch): an error
+	disaggShed                 // a pool's flow_control shed the request (429) before any engine got it
 	numDisaggPaths
 )
 
-var disaggPathNames = [numDisaggPaths]string{"split", "aggregated_short", "aggregated_fallback", "prefill_failed", "refused"}
+var disaggPathNames = [numDisaggPaths]string{"split", "aggregated_short", "aggregated_fallback", "prefill_failed", "refused", "shed"}
 
 // pdFields are the top-level fields that steer disaggregation in vLLM and SGLang (SGLang's
 // bootstrap_pair_key and disagg_prefill_dp_rank also say where KV comes from): a client never
@@ -790,7 +791,7 @@ var disaggMetrics = func() (m struct {
 }) {
 	m.vec = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: ns, Subsystem: sub, Name: "disaggregate_total",
-		Help: "Requests llm_disaggregate handled, by path: split, aggregated_short, aggregated_fallback, prefill_failed, refused.",
+		Help: "Requests llm_disaggregate handled, by path: split, aggregated_short, aggregated_fallback, prefill_failed, refused, shed.",
 	}, []string{"path"})
 	for i, name := range disaggPathNames {
 		m.paths[i] = m.vec.WithLabelValues(name)

@@ -344,6 +344,7 @@ func (d *Disaggregate) serveSGLang(w http.ResponseWriter, r *http.Request, next 
 	defer dcancel()
 	var prefillErr error
 	var refused bool // the prefill engine answered a 4xx: the client's answer unless the decode engine's comes
+	var shed bool    // the prefill pool shed the leg: its policy's 429 is the client's answer
 	prefillDone := make(chan struct{})
 	prefillEnded := make(chan struct{}) // the prefill leg's outcome is known
 	gate := &decodeGate{ResponseWriterWrapper: caddyhttp.ResponseWriterWrapper{ResponseWriter: w}, prefillEnded: prefillEnded, committed: make(chan struct{})}
@@ -359,6 +360,14 @@ func (d *Disaggregate) serveSGLang(w http.ResponseWriter, r *http.Request, next 
 			// no one's. Caddy's reverse proxy records a cancelled leg as a 499 of its own
 			// ("client closed request"), no engine's refusal: taken for one, it was the
 			// client's answer.
+			close(prefillEnded)
+			return
+		case legShed(leg):
+			// The prefill pool is full and its flow_control shed the leg before any engine got
+			// it: the 429 its policy wrote (Retry-After, the error body) is the client's
+			// answer, as from a pool without P/D. The reverse proxy's own error that follows
+			// (no upstream) is not a failed leg.
+			shed = true
 			close(prefillEnded)
 			return
 		case err != nil:
@@ -411,6 +420,10 @@ func (d *Disaggregate) serveSGLang(w http.ResponseWriter, r *http.Request, next 
 	select {
 	case <-l.reached:
 	default:
+		if shed {
+			d.count(disaggShed)
+			return rec.answer(w)
+		}
 		if refused {
 			d.count(disaggSplit)
 			return rec.answer(w)
@@ -477,6 +490,13 @@ func (d *Disaggregate) serveSGLang(w http.ResponseWriter, r *http.Request, next 
 		return caddyhttp.Error(http.StatusBadGateway, decodeErr)
 	}
 	return decodeErr
+}
+
+// legShed reports whether the prefill pool's policy shed the leg (kv_cache_aware's
+// flow_control: answered 429 into the leg's recorder).
+func legShed(leg *http.Request) bool {
+	plr, _ := caddyhttp.GetVar(leg.Context(), varRequest).(*llmRequest)
+	return plr != nil && plr.shed.Load()
 }
 
 // restoreHeader makes h what it was (saved).

@@ -658,3 +658,89 @@ func TestDisaggregateSGLangPrefillDiesBeforeFirstByte(t *testing.T) {
 		t.Errorf("prefill_failed counted %d, want 1", n)
 	}
 }
+
+// TestDisaggregateSGLangPrefillPoolSheds: when the prefill pool is full and its flow_control
+// sheds the prefill leg, the client gets the 429 the policy wrote (status, Retry-After, the
+// error body), as it does from a pool without P/D, and no decode leg is sent. Before, the
+// prefill leg's error was taken for a failed leg: an empty 503 without Retry-After (issue 40).
+func TestDisaggregateSGLangPrefillPoolSheds(t *testing.T) {
+	p, dec := newSGEngine(t), newSGEngine(t)
+	p.set(true, 0) // the first request holds the prefill engine's one slot
+	dec.set(true, 0)
+	startCaddy(t, fmt.Sprintf(`{
+	admin `+adminAddr+`
+	http_port %d
+	https_port `+httpsPort+`
+	grace_period 1s
+}
+localhost:%d {
+	@llm llm_prompt
+	llm_feedback @llm
+	llm_disaggregate @llm %s {
+		protocol sglang
+		bootstrap_port 19311
+		lb_policy kv_cache_aware {
+			telemetry off
+			flow_control {
+				band interactive {
+					queue_timeout 200ms
+				}
+			}
+			upstream %s {
+				max_concurrency 1
+			}
+		}
+	}
+	reverse_proxy @llm %s {
+		lb_policy kv_cache_aware {
+			telemetry off
+		}
+		flush_interval -1
+	}
+}
+`, httpPort, httpPort, p.addr(), p.addr(), dec.addr()))
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	first := postInBackground(ctx, longChat(true, ""))
+	select {
+	case <-p.arrived:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the first request's prefill leg never arrived")
+	}
+	select {
+	case <-dec.arrived:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the first request's decode leg never arrived")
+	}
+	client := &http.Client{Timeout: 20 * time.Second}
+	failed, shed := disaggCounts[disaggPrefillFailed].Load(), disaggCounts[disaggShed].Load()
+	for _, stream := range []bool{false, true} {
+		req, _ := http.NewRequest(http.MethodPost, baseURL+"/v1/chat/completions", strings.NewReader(longChat(stream, "")))
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		var body struct {
+			Error struct{ Type, Message string }
+		}
+		if resp.StatusCode != http.StatusTooManyRequests || resp.Header.Get("Retry-After") == "" ||
+			json.Unmarshal(got, &body) != nil || body.Error.Type != "rate_limit_exceeded" || body.Error.Message == "" {
+			t.Errorf("stream %t, the prefill pool full: status %d, Retry-After %q, body %q; want the policy's 429 with Retry-After and its error body",
+				stream, resp.StatusCode, resp.Header.Get("Retry-After"), got)
+		}
+	}
+	if n := len(dec.got()); n != 1 {
+		t.Errorf("the decode engine got %d requests, want the first one's only", n)
+	}
+	if n := disaggCounts[disaggPrefillFailed].Load() - failed; n != 0 {
+		t.Errorf("prefill_failed counted %d for requests the prefill pool shed, want 0", n)
+	}
+	if n := disaggCounts[disaggShed].Load() - shed; n != 2 {
+		t.Errorf("shed counted %d, want 2", n)
+	}
+	cancel()
+	<-first
+}
