@@ -3,7 +3,9 @@ package kvroute
 import (
 	"context"
 	"fmt"
+	"io"
 	"net/http"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -177,5 +179,74 @@ func TestDisaggregateDecodePoolOtherPolicy(t *testing.T) {
 	}
 	if n := disaggCounts[disaggSplit].Load() - split; n != 4 {
 		t.Errorf("split counted %d, want 4", n)
+	}
+}
+
+// llmdMetric sums the samples of an llm-d simulator's metric (all labels).
+func llmdMetric(t *testing.T, addr, name string) int {
+	t.Helper()
+	resp, err := http.Get("http://" + addr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var b strings.Builder
+	if _, err := io.Copy(&b, resp.Body); err != nil {
+		t.Fatal(err)
+	}
+	n := 0.0
+	for _, line := range strings.Split(b.String(), "\n") {
+		if strings.HasPrefix(line, name+"{") || strings.HasPrefix(line, name+" ") {
+			f := strings.Fields(line)
+			v, err := strconv.ParseFloat(f[len(f)-1], 64)
+			if err != nil {
+				t.Fatalf("%s: %v", line, err)
+			}
+			n += v
+		}
+	}
+	return int(n)
+}
+
+// llmdSuccesses is the requests an llm-d simulator served to the end.
+func llmdSuccesses(t *testing.T, addr string) int {
+	return llmdMetric(t, addr, "vllm:request_success_total")
+}
+
+// TestDisaggregateDecodePoolAdmitsFirstLlmd: TestDisaggregateDecodePoolAdmitsFirst with llm-d's
+// simulator as the prefill and the decode engine (vLLM's API and metrics; its transfer
+// parameters are dummies, so what is counted is the prefills it served): with the decode
+// pool full, shed requests cost the prefill engine nothing.
+func TestDisaggregateDecodePoolAdmitsFirstLlmd(t *testing.T) {
+	p := llmdSim(t)
+	d := llmdSim(t, "--inter-token-latency", "20ms")
+	startCaddy(t, pdAdmitConfig(p, d, ""))
+	chat := func(i, maxTokens int) string {
+		return fmt.Sprintf(`{"model":"llama-3.1-8b","messages":[{"role":"user","content":%q}],"max_tokens":%d,"ignore_eos":true,"stream":true}`,
+			fmt.Sprintf("request %d: ", i)+strings.Repeat("a long document to prefill. ", 100), maxTokens)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	firstDone := make(chan struct{})
+	go func() {
+		defer close(firstDone)
+		postAdmit(t, ctx, chat(0, 1000), "")
+	}()
+	waitUntil(t, 5*time.Second, func() bool { return llmdMetric(t, d, "vllm:num_requests_running") == 1 }, "the first request decoding")
+	for i := 1; i <= 2; i++ {
+		if code, got := postAdmit(t, context.Background(), chat(i, 4), ""); code != http.StatusTooManyRequests {
+			t.Errorf("request %d with the decode pool full: status %d (%.200s), want 429", i, code, got)
+		}
+	}
+	if n := llmdSuccesses(t, p); n != 1 {
+		t.Errorf("after two requests the decode pool shed, the prefill engine served %d prefills, want 1", n)
+	}
+	cancel()
+	<-firstDone
+	if code, got := postAdmit(t, context.Background(), chat(3, 4), "batch"); code != http.StatusOK {
+		t.Errorf("a request once the decode pool is free: status %d (%.200s), want 200", code, got)
+	}
+	if n, m := llmdSuccesses(t, p), llmdSuccesses(t, d); n != 2 || m != 1 {
+		t.Errorf("prefills served %d, decodes served to the end %d; want 2 and 1", n, m)
 	}
 }
