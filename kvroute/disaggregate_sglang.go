@@ -41,16 +41,18 @@ const (
 	// maxBootstrapBatch bounds the rooms of one batch request (chat n, a list of prompts):
 	// the lists are built from a number the client gives.
 	maxBootstrapBatch = 1024
-	// decodeErrorHold is how long a decode engine's error answer waits for the prefill leg to
-	// end before it goes to the client: when a prefill engine dies, its decode engine may answer
-	// its own error (the room is gone) an instant before the prefill leg reports the failure,
-	// and the client should get the 502 of a failed prefill leg, counted as such.
-	decodeErrorHold = time.Second
 	// prefillDrainGrace is how long a prefill leg may still run once the decode leg has
 	// answered in full: the KV has been received by then, so what is left is the prefill
 	// engine's own (discarded) answer, which must not hold the client's answer open.
 	prefillDrainGrace = 5 * time.Second
 )
+
+// decodeErrorHold is how long a decode engine's error answer waits for the prefill leg to end
+// before it goes to the client: when a prefill engine dies, its decode engine may answer its own
+// error (the room is gone) an instant before the prefill leg reports the failure, and the
+// client should get the 502 of a failed prefill leg, counted as such. A variable: tests make
+// it long, to tell an answer held from one not held without timing it.
+var decodeErrorHold = time.Second
 
 // varSGLangLeg is the var of a prefill leg under protocol sglang: bootstrapPolicy finds there
 // the request whose body it completes with the chosen engine's bootstrap address.
@@ -347,7 +349,7 @@ func (d *Disaggregate) serveSGLang(w http.ResponseWriter, r *http.Request, next 
 	var shed bool    // the prefill pool shed the leg: its policy's 429 is the client's answer
 	prefillDone := make(chan struct{})
 	prefillEnded := make(chan struct{}) // the prefill leg's outcome is known
-	gate := &decodeGate{ResponseWriterWrapper: caddyhttp.ResponseWriterWrapper{ResponseWriter: w}, prefillEnded: prefillEnded, committed: make(chan struct{})}
+	gate := &decodeGate{ResponseWriterWrapper: caddyhttp.ResponseWriterWrapper{ResponseWriter: w}, prefillEnded: prefillEnded, committed: make(chan struct{}), lr: lr}
 	go func() {
 		defer close(prefillDone)
 		start := time.Now()
@@ -485,6 +487,10 @@ func (d *Disaggregate) serveSGLang(w http.ResponseWriter, r *http.Request, next 
 		d.logger.Debug("prefill leg failed before the decode engine answered", zap.Error(prefillErr))
 		return caddyhttp.Error(http.StatusBadGateway, fmt.Errorf("llm_disaggregate: prefill leg: %w", prefillErr))
 	}
+	if lr.shed.Load() {
+		d.count(disaggShed)
+		return decodeErr
+	}
 	d.count(disaggSplit)
 	if errors.Is(decodeErr, errDecodeCut) {
 		return caddyhttp.Error(http.StatusBadGateway, decodeErr)
@@ -548,6 +554,7 @@ func holdBody(r *http.Request, lr *llmRequest, body []byte) {
 // header is held (pending) until the first byte of body, or the answer's end.
 type decodeGate struct {
 	caddyhttp.ResponseWriterWrapper
+	lr           *llmRequest // the decode leg's: shed when the decode pool's flow_control answered
 	prefillEnded <-chan struct{}
 	committed    chan struct{} // closed when the decode answer starts going to the client
 	mu           sync.Mutex
@@ -636,9 +643,12 @@ func (g *decodeGate) commitFirst(code int) (ok, first bool) {
 }
 
 func (g *decodeGate) WriteHeader(code int) {
-	if code >= 300 && g.open() {
+	if code >= 300 && g.open() && !g.lr.shed.Load() {
 		// An error answer waits, at most decodeErrorHold, for the prefill leg to end: if that
-		// failed, the gate is closed by then and the client gets the prefill leg's 502.
+		// failed, the gate is closed by then and the client gets the prefill leg's 502. Not the
+		// 429 of a decode pool that shed the leg: no decode engine got it, so nothing of the
+		// prefill leg's fate changes it, and the prefill engine would only hold its KV longer
+		// (it is cancelled once this answer is out).
 		t := time.NewTimer(decodeErrorHold)
 		select {
 		case <-g.prefillEnded:

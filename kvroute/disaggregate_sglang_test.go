@@ -744,3 +744,47 @@ localhost:%d {
 	cancel()
 	<-first
 }
+
+// TestDisaggregateSGLangDecodePoolSheds: when the decode pool is full and its flow_control
+// sheds the decode leg, the client gets that 429 as soon as it is written, and the prefill leg
+// is cancelled (an SGLang prefill engine aborts the room). Before, the 429 was held as a decode
+// engine's error answer is, waiting for the prefill leg to end (decodeErrorHold, 1 s; here a
+// minute, so that a held answer shows as one that never comes): a prefill engine waiting for
+// its room's decode never ends first.
+func TestDisaggregateSGLangDecodePoolSheds(t *testing.T) {
+	old := decodeErrorHold
+	decodeErrorHold = time.Minute
+	t.Cleanup(func() { decodeErrorHold = old })
+	tr := llmsim.NewTransfers()
+	p, d, opts := sglangFleet(t, tr, llmsim.Config{Speed: 1, StepFixed: 20 * time.Millisecond, PerSeq: -1,
+		PrefillPerToken: time.Microsecond, MinEventInterval: -1})
+	startCaddy(t, strings.Replace(pdAdmitConfig(addrs(p), d[0].Addr, ""), "split always", opts, 1))
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	firstDone := make(chan struct{})
+	go func() {
+		defer close(firstDone)
+		postAdmit(t, ctx, admitChat(0, 300), "")
+	}()
+	waitUntil(t, 5*time.Second, func() bool { return tr.Taken.Load() == 1 }, "the first request's decode leg took its room")
+	shed := disaggCounts[disaggShed].Load()
+	client := &http.Client{Timeout: 20 * time.Second}
+	for i := 1; i <= 2; i++ {
+		req, _ := http.NewRequest(http.MethodPost, baseURL+"/v1/chat/completions", strings.NewReader(admitChat(i, 4)))
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := client.Do(req)
+		if err != nil {
+			t.Fatalf("request %d with the decode pool full: %v; want its 429 at once", i, err)
+		}
+		got, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusTooManyRequests || resp.Header.Get("Retry-After") == "" || !strings.Contains(string(got), "rate_limit_exceeded") {
+			t.Errorf("request %d with the decode pool full: status %d, Retry-After %q, body %q; want the policy's 429", i, resp.StatusCode, resp.Header.Get("Retry-After"), got)
+		}
+	}
+	// Counted once the prefill leg ended, after the client has its answer.
+	waitUntil(t, 5*time.Second, func() bool { return disaggCounts[disaggShed].Load()-shed == 2 }, "both requests counted shed")
+	waitUntil(t, 5*time.Second, func() bool { return tr.Pending() == 0 }, "the shed requests' rooms abandoned (their prefill legs cancelled)")
+	cancel()
+	<-firstDone
+}
