@@ -15,6 +15,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -345,10 +346,11 @@ const (
 	disaggFallback             // not splittable (body not held whole, encoded, format) or the prefill pool saturated
 	disaggPrefillFailed        // vllm: the prefill leg failed or returned no parameters: aggregated; sglang: a 502
 	disaggRefused              // sglang: not splittable (body not held whole, encoded, format, batch): an error
+	disaggShed                 // a pool's flow_control shed the request (429) before any engine got it
 	numDisaggPaths
 )
 
-var disaggPathNames = [numDisaggPaths]string{"split", "aggregated_short", "aggregated_fallback", "prefill_failed", "refused"}
+var disaggPathNames = [numDisaggPaths]string{"split", "aggregated_short", "aggregated_fallback", "prefill_failed", "refused", "shed"}
 
 // pdFields are the top-level fields that steer disaggregation in vLLM and SGLang (SGLang's
 // bootstrap_pair_key and disagg_prefill_dp_rank also say where KV comes from): a client never
@@ -376,23 +378,116 @@ func (d *Disaggregate) ServeHTTP(w http.ResponseWriter, r *http.Request, next ca
 		d.count(path)
 		return d.aggregated(w, r, next, lr)
 	}
-	params, err := d.prefillLeg(r, lr, fields)
-	if err != nil {
-		d.count(disaggPrefillFailed)
-		if r.Context().Err() != nil {
-			return caddyhttp.Error(499, r.Context().Err())
-		}
-		d.logger.Debug("prefill leg failed: the request goes on aggregated", zap.Error(err))
-		return d.aggregated(w, r, next, lr)
-	}
-	d.count(disaggSplit)
-	fields["kv_transfer_params"] = params
-	if err := d.hold(r, lr, fields); err != nil {
-		return caddyhttp.Error(http.StatusInternalServerError, err)
-	}
-	lr.leg = legDecode
-	return next.ServeHTTP(w, r)
+	return d.split(w, r, next, lr, fields)
 }
+
+// split hands the request to the decode pool with its prefill leg deferred: the decode pool's
+// policy admits it first (kv_cache_aware: a batch slot, after any wait in its queue), and the
+// prefill leg runs only once a decode engine is chosen (runDeferredPrefill, from Select). A
+// request the decode pool sheds, or whose client leaves while it waits, costs no prefill, and
+// no prefill engine holds KV that no decode engine will take: vLLM's KV connector gives a
+// router no call to release a prefill's blocks (the prefill engine holds them until a decode
+// engine reads them, or tells it of a request it aborted or refused, else until
+// VLLM_NIXL_ABORT_REQUEST_TIMEOUT, 480 s by default). Under a decode policy that runs none of
+// this (not kv_cache_aware), the prefill leg runs when the decode engine's connection reads the
+// body (prefillOnRead).
+func (d *Disaggregate) split(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, lr *llmRequest, fields map[string]json.RawMessage) error {
+	// Until the prefill leg has run, the held body is the client's without its P/D fields, as
+	// a request that goes on aggregated sends it: nothing the client forged goes out, whatever
+	// path the request takes.
+	raw, _ := lr.body.Prefix(lr.maxBody + 1)
+	plain, err := stripPD(raw)
+	if err != nil {
+		return caddyhttp.Error(http.StatusBadRequest, err)
+	}
+	pf := &deferredPrefill{d: d, r: r, lr: lr, fields: fields, plain: plain}
+	holdBody(r, lr, plain)
+	lr.split = pf
+	lr.leg = legDecode
+	r.Body = &prefillOnRead{pf: pf}
+	r.ContentLength = -1
+	r.Header.Del("Content-Length")
+	err = next.ServeHTTP(w, r)
+	if !pf.ran() && lr.shed.Load() {
+		d.count(disaggShed)
+	}
+	return err
+}
+
+// deferredPrefill is the prefill leg of a request split under protocol vllm, run once, when
+// the decode pool placed the request.
+type deferredPrefill struct {
+	d      *Disaggregate
+	r      *http.Request // the client's
+	lr     *llmRequest
+	fields map[string]json.RawMessage // the client's
+	plain  []byte                     // the body without a split: the client's without its P/D fields
+
+	once sync.Once
+	done atomic.Bool
+	body []byte // the decode body: with the prefill engine's transfer parameters, or plain
+}
+
+// run runs the prefill leg (once) and returns the decode body: the client's fields with the
+// transfer parameters the prefill engine answered, or, when the leg failed, the plain body (a
+// vLLM decode engine serves a request without transfer parameters whole).
+func (pf *deferredPrefill) run() []byte {
+	pf.once.Do(func() {
+		defer pf.done.Store(true)
+		d, r := pf.d, pf.r
+		params, err := d.prefillLeg(r, pf.lr, pf.fields)
+		if err != nil {
+			d.count(disaggPrefillFailed)
+			if r.Context().Err() == nil {
+				d.logger.Debug("prefill leg failed: the request goes on aggregated", zap.Error(err))
+			}
+			pf.body = pf.plain
+			return
+		}
+		body, err := decodeBody(pf.fields, params)
+		if err != nil {
+			d.count(disaggPrefillFailed)
+			d.logger.Error("encoding the decode body: the request goes on aggregated", zap.Error(err))
+			pf.body = pf.plain
+			return
+		}
+		d.count(disaggSplit)
+		pf.body = body
+	})
+	return pf.body
+}
+
+// ran reports whether the prefill leg has run.
+func (pf *deferredPrefill) ran() bool { return pf.done.Load() }
+
+// runDeferredPrefill runs the prefill leg of a split request whose decode engine the decode
+// pool's policy just chose (Select, r the attempt's request), and makes the decode body the
+// attempt's: every later attempt resends it.
+func runDeferredPrefill(r *http.Request) {
+	lr, _ := caddyhttp.GetVar(r.Context(), varRequest).(*llmRequest)
+	if lr == nil || lr.split == nil || lr.split.ran() {
+		return
+	}
+	holdBody(r, lr, lr.split.run())
+}
+
+// prefillOnRead is the decode leg's body until its prefill leg ran: kv_cache_aware replaces
+// it when it places the request (runDeferredPrefill). A decode pool under another policy reads
+// it once the decode engine's connection wants the body: the prefill leg runs then, and the
+// decode body goes out as it would have.
+type prefillOnRead struct {
+	pf *deferredPrefill
+	rd *bytes.Reader
+}
+
+func (b *prefillOnRead) Read(p []byte) (int, error) {
+	if b.rd == nil {
+		b.rd = bytes.NewReader(b.pf.run())
+	}
+	return b.rd.Read(p)
+}
+
+func (b *prefillOnRead) Close() error { return nil }
 
 // aggregated sends the request to the decode pool unsplit, without the P/D fields a client sent
 // (pdFilter: the top-level ones and vllm_xargs' kv_transfer_params). A body held whole is
@@ -519,24 +614,21 @@ func stripXargs(fields map[string]json.RawMessage) {
 	}
 }
 
-// hold makes the decode body (the client's fields with the injected ones) the request's held
-// body: every attempt of the decode pool resends it.
-func (d *Disaggregate) hold(r *http.Request, lr *llmRequest, fields map[string]json.RawMessage) error {
+// decodeBody encodes a split request's decode body: the client's fields without its P/D
+// fields (vllm_xargs' kv_transfer_params included), with the transfer parameters the prefill
+// engine answered.
+func decodeBody(client map[string]json.RawMessage, params json.RawMessage) ([]byte, error) {
+	fields := maps.Clone(client)
 	for _, k := range pdFields {
-		if k != "kv_transfer_params" {
-			delete(fields, k)
-		}
+		delete(fields, k)
 	}
 	stripXargs(fields)
+	fields["kv_transfer_params"] = params
 	body, err := json.Marshal(fields)
 	if err != nil {
-		return fmt.Errorf("llm_disaggregate: encoding the decode body: %w", err)
+		return nil, fmt.Errorf("llm_disaggregate: encoding the decode body: %w", err)
 	}
-	lr.body = llmreq.Hold(r, body)
-	lr.maxBody = max(lr.maxBody, int64(len(body)))
-	r.Header.Set("Content-Length", strconv.Itoa(len(body)))
-	r.Header.Del("Transfer-Encoding")
-	return nil
+	return body, nil
 }
 
 // heldFields returns the top-level fields of a body held whole, unencoded, a JSON object; nil
@@ -790,7 +882,7 @@ var disaggMetrics = func() (m struct {
 }) {
 	m.vec = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: ns, Subsystem: sub, Name: "disaggregate_total",
-		Help: "Requests llm_disaggregate handled, by path: split, aggregated_short, aggregated_fallback, prefill_failed, refused.",
+		Help: "Requests llm_disaggregate handled, by path: split, aggregated_short, aggregated_fallback, prefill_failed, refused, shed.",
 	}, []string{"path"})
 	for i, name := range disaggPathNames {
 		m.paths[i] = m.vec.WithLabelValues(name)

@@ -41,16 +41,18 @@ const (
 	// maxBootstrapBatch bounds the rooms of one batch request (chat n, a list of prompts):
 	// the lists are built from a number the client gives.
 	maxBootstrapBatch = 1024
-	// decodeErrorHold is how long a decode engine's error answer waits for the prefill leg to
-	// end before it goes to the client: when a prefill engine dies, its decode engine may answer
-	// its own error (the room is gone) an instant before the prefill leg reports the failure,
-	// and the client should get the 502 of a failed prefill leg, counted as such.
-	decodeErrorHold = time.Second
 	// prefillDrainGrace is how long a prefill leg may still run once the decode leg has
 	// answered in full: the KV has been received by then, so what is left is the prefill
 	// engine's own (discarded) answer, which must not hold the client's answer open.
 	prefillDrainGrace = 5 * time.Second
 )
+
+// decodeErrorHold is how long a decode engine's error answer waits for the prefill leg to end
+// before it goes to the client: when a prefill engine dies, its decode engine may answer its own
+// error (the room is gone) an instant before the prefill leg reports the failure, and the
+// client should get the 502 of a failed prefill leg, counted as such. A variable: tests make
+// it long, to tell an answer held from one not held without timing it.
+var decodeErrorHold = time.Second
 
 // varSGLangLeg is the var of a prefill leg under protocol sglang: bootstrapPolicy finds there
 // the request whose body it completes with the chosen engine's bootstrap address.
@@ -270,9 +272,10 @@ func (p *bootstrapPolicy) Select(pool reverseproxy.UpstreamPool, r *http.Request
 }
 
 // refusal says why protocol sglang cannot split a request the matcher matched, or nil. A body
-// not held whole or content-encoded is a 502, as DESIGN.md's contract says (the client's
-// request is fine; this gateway cannot forward it the SGLang way); a body that is not a JSON
-// object is the client's error (400); a format SGLang's engines do not split is a 501.
+// not held whole or content-encoded is a 502, as the table of errors in docs/disaggregation.md
+// ("SGLang") says (the client's request is fine; this gateway cannot forward it the SGLang
+// way); a body that is not a JSON object is the client's error (400); a format SGLang's
+// engines do not split is a 501.
 func refusal(r *http.Request, lr *llmRequest, fields map[string]json.RawMessage) *errNotSplit {
 	switch {
 	case lr.body == nil:
@@ -343,9 +346,10 @@ func (d *Disaggregate) serveSGLang(w http.ResponseWriter, r *http.Request, next 
 	defer dcancel()
 	var prefillErr error
 	var refused bool // the prefill engine answered a 4xx: the client's answer unless the decode engine's comes
+	var shed bool    // the prefill pool shed the leg: its policy's 429 is the client's answer
 	prefillDone := make(chan struct{})
 	prefillEnded := make(chan struct{}) // the prefill leg's outcome is known
-	gate := &decodeGate{ResponseWriterWrapper: caddyhttp.ResponseWriterWrapper{ResponseWriter: w}, prefillEnded: prefillEnded, committed: make(chan struct{})}
+	gate := &decodeGate{ResponseWriterWrapper: caddyhttp.ResponseWriterWrapper{ResponseWriter: w}, prefillEnded: prefillEnded, committed: make(chan struct{}), lr: lr}
 	go func() {
 		defer close(prefillDone)
 		start := time.Now()
@@ -358,6 +362,14 @@ func (d *Disaggregate) serveSGLang(w http.ResponseWriter, r *http.Request, next 
 			// no one's. Caddy's reverse proxy records a cancelled leg as a 499 of its own
 			// ("client closed request"), no engine's refusal: taken for one, it was the
 			// client's answer.
+			close(prefillEnded)
+			return
+		case legShed(leg):
+			// The prefill pool is full and its flow_control shed the leg before any engine got
+			// it: the 429 its policy wrote (Retry-After, the error body) is the client's
+			// answer, as from a pool without P/D. The reverse proxy's own error that follows
+			// (no upstream) is not a failed leg.
+			shed = true
 			close(prefillEnded)
 			return
 		case err != nil:
@@ -410,6 +422,10 @@ func (d *Disaggregate) serveSGLang(w http.ResponseWriter, r *http.Request, next 
 	select {
 	case <-l.reached:
 	default:
+		if shed {
+			d.count(disaggShed)
+			return rec.answer(w)
+		}
 		if refused {
 			d.count(disaggSplit)
 			return rec.answer(w)
@@ -471,11 +487,22 @@ func (d *Disaggregate) serveSGLang(w http.ResponseWriter, r *http.Request, next 
 		d.logger.Debug("prefill leg failed before the decode engine answered", zap.Error(prefillErr))
 		return caddyhttp.Error(http.StatusBadGateway, fmt.Errorf("llm_disaggregate: prefill leg: %w", prefillErr))
 	}
+	if lr.shed.Load() {
+		d.count(disaggShed)
+		return decodeErr
+	}
 	d.count(disaggSplit)
 	if errors.Is(decodeErr, errDecodeCut) {
 		return caddyhttp.Error(http.StatusBadGateway, decodeErr)
 	}
 	return decodeErr
+}
+
+// legShed reports whether the prefill pool's policy shed the leg (kv_cache_aware's
+// flow_control: answered 429 into the leg's recorder).
+func legShed(leg *http.Request) bool {
+	plr, _ := caddyhttp.GetVar(leg.Context(), varRequest).(*llmRequest)
+	return plr != nil && plr.shed.Load()
 }
 
 // restoreHeader makes h what it was (saved).
@@ -527,6 +554,7 @@ func holdBody(r *http.Request, lr *llmRequest, body []byte) {
 // header is held (pending) until the first byte of body, or the answer's end.
 type decodeGate struct {
 	caddyhttp.ResponseWriterWrapper
+	lr           *llmRequest // the decode leg's: shed when the decode pool's flow_control answered
 	prefillEnded <-chan struct{}
 	committed    chan struct{} // closed when the decode answer starts going to the client
 	mu           sync.Mutex
@@ -615,9 +643,12 @@ func (g *decodeGate) commitFirst(code int) (ok, first bool) {
 }
 
 func (g *decodeGate) WriteHeader(code int) {
-	if code >= 300 && g.open() {
+	if code >= 300 && g.open() && !g.lr.shed.Load() {
 		// An error answer waits, at most decodeErrorHold, for the prefill leg to end: if that
-		// failed, the gate is closed by then and the client gets the prefill leg's 502.
+		// failed, the gate is closed by then and the client gets the prefill leg's 502. Not the
+		// 429 of a decode pool that shed the leg: no decode engine got it, so nothing of the
+		// prefill leg's fate changes it, and the prefill engine would only hold its KV longer
+		// (it is cancelled once this answer is out).
 		t := time.NewTimer(decodeErrorHold)
 		select {
 		case <-g.prefillEnded:

@@ -658,3 +658,133 @@ func TestDisaggregateSGLangPrefillDiesBeforeFirstByte(t *testing.T) {
 		t.Errorf("prefill_failed counted %d, want 1", n)
 	}
 }
+
+// TestDisaggregateSGLangPrefillPoolSheds: when the prefill pool is full and its flow_control
+// sheds the prefill leg, the client gets the 429 the policy wrote (status, Retry-After, the
+// error body), as it does from a pool without P/D, and no decode leg is sent. Before, the
+// prefill leg's error was taken for a failed leg: an empty 503 without Retry-After (issue 40).
+func TestDisaggregateSGLangPrefillPoolSheds(t *testing.T) {
+	p, dec := newSGEngine(t), newSGEngine(t)
+	p.set(true, 0) // the first request holds the prefill engine's one slot
+	dec.set(true, 0)
+	startCaddy(t, fmt.Sprintf(`{
+	admin `+adminAddr+`
+	http_port %d
+	https_port `+httpsPort+`
+	grace_period 1s
+}
+localhost:%d {
+	@llm llm_prompt
+	llm_feedback @llm
+	llm_disaggregate @llm %s {
+		protocol sglang
+		bootstrap_port 19311
+		lb_policy kv_cache_aware {
+			telemetry off
+			flow_control {
+				band interactive {
+					queue_timeout 200ms
+				}
+			}
+			upstream %s {
+				max_concurrency 1
+			}
+		}
+	}
+	reverse_proxy @llm %s {
+		lb_policy kv_cache_aware {
+			telemetry off
+		}
+		flush_interval -1
+	}
+}
+`, httpPort, httpPort, p.addr(), p.addr(), dec.addr()))
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	first := postInBackground(ctx, longChat(true, ""))
+	select {
+	case <-p.arrived:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the first request's prefill leg never arrived")
+	}
+	select {
+	case <-dec.arrived:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the first request's decode leg never arrived")
+	}
+	client := &http.Client{Timeout: 20 * time.Second}
+	failed, shed := disaggCounts[disaggPrefillFailed].Load(), disaggCounts[disaggShed].Load()
+	for _, stream := range []bool{false, true} {
+		req, _ := http.NewRequest(http.MethodPost, baseURL+"/v1/chat/completions", strings.NewReader(longChat(stream, "")))
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		var body struct {
+			Error struct{ Type, Message string }
+		}
+		if resp.StatusCode != http.StatusTooManyRequests || resp.Header.Get("Retry-After") == "" ||
+			json.Unmarshal(got, &body) != nil || body.Error.Type != "rate_limit_exceeded" || body.Error.Message == "" {
+			t.Errorf("stream %t, the prefill pool full: status %d, Retry-After %q, body %q; want the policy's 429 with Retry-After and its error body",
+				stream, resp.StatusCode, resp.Header.Get("Retry-After"), got)
+		}
+	}
+	if n := len(dec.got()); n != 1 {
+		t.Errorf("the decode engine got %d requests, want the first one's only", n)
+	}
+	if n := disaggCounts[disaggPrefillFailed].Load() - failed; n != 0 {
+		t.Errorf("prefill_failed counted %d for requests the prefill pool shed, want 0", n)
+	}
+	if n := disaggCounts[disaggShed].Load() - shed; n != 2 {
+		t.Errorf("shed counted %d, want 2", n)
+	}
+	cancel()
+	<-first
+}
+
+// TestDisaggregateSGLangDecodePoolSheds: when the decode pool is full and its flow_control
+// sheds the decode leg, the client gets that 429 as soon as it is written, and the prefill leg
+// is cancelled (an SGLang prefill engine aborts the room). Before, the 429 was held as a decode
+// engine's error answer is, waiting for the prefill leg to end (decodeErrorHold, 1 s; here a
+// minute, so that a held answer shows as one that never comes): a prefill engine waiting for
+// its room's decode never ends first.
+func TestDisaggregateSGLangDecodePoolSheds(t *testing.T) {
+	old := decodeErrorHold
+	decodeErrorHold = time.Minute
+	t.Cleanup(func() { decodeErrorHold = old })
+	tr := llmsim.NewTransfers()
+	p, d, opts := sglangFleet(t, tr, llmsim.Config{Speed: 1, StepFixed: 20 * time.Millisecond, PerSeq: -1,
+		PrefillPerToken: time.Microsecond, MinEventInterval: -1})
+	startCaddy(t, strings.Replace(pdAdmitConfig(addrs(p), d[0].Addr, ""), "split always", opts, 1))
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	firstDone := make(chan struct{})
+	go func() {
+		defer close(firstDone)
+		postAdmit(t, ctx, admitChat(0, 300), "")
+	}()
+	waitUntil(t, 5*time.Second, func() bool { return tr.Taken.Load() == 1 }, "the first request's decode leg took its room")
+	shed := disaggCounts[disaggShed].Load()
+	client := &http.Client{Timeout: 20 * time.Second}
+	for i := 1; i <= 2; i++ {
+		req, _ := http.NewRequest(http.MethodPost, baseURL+"/v1/chat/completions", strings.NewReader(admitChat(i, 4)))
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := client.Do(req)
+		if err != nil {
+			t.Fatalf("request %d with the decode pool full: %v; want its 429 at once", i, err)
+		}
+		got, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusTooManyRequests || resp.Header.Get("Retry-After") == "" || !strings.Contains(string(got), "rate_limit_exceeded") {
+			t.Errorf("request %d with the decode pool full: status %d, Retry-After %q, body %q; want the policy's 429", i, resp.StatusCode, resp.Header.Get("Retry-After"), got)
+		}
+	}
+	// Counted once the prefill leg ended, after the client has its answer.
+	waitUntil(t, 5*time.Second, func() bool { return disaggCounts[disaggShed].Load()-shed == 2 }, "both requests counted shed")
+	waitUntil(t, 5*time.Second, func() bool { return tr.Pending() == 0 }, "the shed requests' rooms abandoned (their prefill legs cancelled)")
+	cancel()
+	<-firstDone
+}

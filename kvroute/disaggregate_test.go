@@ -10,6 +10,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -20,6 +21,7 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
 
 	"github.com/kvroute/caddy-kvroute/examples/llmsim"
+	"github.com/kvroute/caddy-kvroute/kvroute/llmreq"
 )
 
 // pdFleet is a registry of KV transfers shared by the P/D engines of one test: a prefill
@@ -705,4 +707,76 @@ func postInBackground(ctx context.Context, body string) <-chan struct{} {
 		}
 	}()
 	return done
+}
+
+// TestDisaggregateDeepNesting: issue 40's request through Caddy (llm_disaggregate, split
+// always): a gzip body of about 12 KiB, a chat request whose first max_body bytes decoded end
+// inside a string (4 MiB of padding), then a member of 8 MiB of '['. It streams through the
+// P/D filter past max_body, which kept a frame per bracket: the router allocated 1,172 MiB
+// for one such request (heap 587 MiB after) before its 502. Now it fails at llmreq.MaxDepth
+// levels, mid-body (502), having allocated what the 4 MiB it holds of the body costs.
+func TestDisaggregateDeepNesting(t *testing.T) {
+	fl := new(pdFleet)
+	p := newPDEngine(t, fl, "p1", true)
+	dec := newRawDecoder(t)
+	cfg := pdConfig(p.addr(), dec.addr(), "split always", "")
+	startCaddy(t, cfg)
+	client := &http.Client{Timeout: 60 * time.Second}
+
+	var zbuf bytes.Buffer
+	zw, _ := gzip.NewWriterLevel(&zbuf, gzip.BestCompression)
+	io.WriteString(zw, `{"model":"m","messages":[{"role":"user","content":"hi"}],"pad":"`)
+	io.Copy(zw, io.LimitReader(repeatReader('a'), 4<<20))
+	io.WriteString(zw, `","x":`)
+	io.Copy(zw, io.LimitReader(repeatReader('['), 8<<20))
+	zw.Close()
+	if zbuf.Len() > 16<<10 {
+		t.Fatalf("the gzip body is %d bytes, want about 12 KiB", zbuf.Len())
+	}
+	req, _ := http.NewRequest(http.MethodPost, baseURL+"/v1/chat/completions", bytes.NewReader(zbuf.Bytes()))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Content-Encoding", "gzip")
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	resp, err := client.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	runtime.ReadMemStats(&after)
+	alloc := after.TotalAlloc - before.TotalAlloc
+	t.Logf("a %d-byte gzip body of 12 MiB decoded: status %d, the process allocated %d MiB", zbuf.Len(), resp.StatusCode, alloc>>20)
+	if resp.StatusCode != http.StatusBadGateway {
+		t.Errorf("status %d, want 502 (a body streaming past max_body that is not JSON the router reads)", resp.StatusCode)
+	}
+	// The process (Caddy, the engines, this client) allocates about 17 MiB: the 4 MiB of the
+	// body held decoded, a few times over. The defect was a gigabyte.
+	if alloc > 256<<20 {
+		t.Errorf("the request made the process allocate %d MiB, want at most 256 MiB", alloc>>20)
+	}
+	if n := dec.seen.Load(); n != 0 {
+		t.Errorf("the decode engine read %d whole bodies, want none", n)
+	}
+}
+
+// TestDisaggregateDeepNestingHeldWhole: a body held whole that nests deeper than
+// llmreq.MaxDepth is refused before a byte goes out (400), as any body the filter does not
+// read; the matcher does not match it, so the directives here have none.
+func TestDisaggregateDeepNestingHeldWhole(t *testing.T) {
+	fl := new(pdFleet)
+	p := newPDEngine(t, fl, "p1", true)
+	dec := newRawDecoder(t)
+	cfg := pdConfig(p.addr(), dec.addr(), "split always", "")
+	startCaddy(t, strings.NewReplacer("llm_feedback @llm", "llm_feedback", "llm_disaggregate @llm", "llm_disaggregate", "reverse_proxy @llm", "reverse_proxy").Replace(cfg))
+	client := &http.Client{Timeout: 20 * time.Second}
+	for _, in := range deepBodies(llmreq.MaxDepth + 1) {
+		if code, got := postPD(t, client, in); code != http.StatusBadRequest {
+			t.Errorf("a body held whole nesting %d levels (%.30s...): status %d (%.100s), want 400", llmreq.MaxDepth+1, in, code, got)
+		}
+	}
+	if n := dec.seen.Load(); n != 0 {
+		t.Errorf("the decode engine read %d whole bodies, want none", n)
+	}
 }

@@ -125,3 +125,32 @@ func firstDiffLine(a, b string) int {
 	}
 	return min(len(la), len(lb)) + 1
 }
+
+// The code and the docs cite what a clone holds (docs/...), never the project's design notes
+// nor other files beside the repository (its shared folder), which no clone has (issue 40).
+func TestDocsCiteTheRepository(t *testing.T) {
+	err := filepath.WalkDir("..", func(path string, d os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() && (d.Name() == ".git" || d.Name() == "testdata" || d.Name() == "node_modules") {
+			return filepath.SkipDir
+		}
+		if d.IsDir() || (!strings.HasSuffix(path, ".go") && !strings.HasSuffix(path, ".md")) {
+			return nil
+		}
+		text, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		for n, line := range strings.Split(string(text), "\n") {
+			if strings.Contains(line, "DESIGN"+".md") || strings.Contains(line, "../"+"shared/") {
+				t.Errorf("%s:%d cites a file no clone holds: %s", path, n+1, strings.TrimSpace(line))
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}

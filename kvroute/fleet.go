@@ -13,11 +13,11 @@ import (
 	"github.com/kvroute/caddy-kvroute/kvroute/telemetry"
 )
 
-// What the engines say they serve (DESIGN.md "Telemetry"): the models and LoRA adapters of
-// each upstream's GET /v1/models, and the adapters its running and waiting requests use
-// (vllm:lora_requests_info). Step 1 leaves out an upstream whose list is read and does not
-// name the request's model; a request for an adapter prefers an upstream where the adapter is
-// warm (the decision's adapter signal: decide.Candidate.Adapter).
+// What the engines say they serve (docs/fleet.md "Served models" and "LoRA adapters"): the
+// models and LoRA adapters of each upstream's GET /v1/models, and the adapters its running and
+// waiting requests use (vllm:lora_requests_info). Step 1 leaves out an upstream whose list is
+// read and does not name the request's model; a request for an adapter prefers an upstream
+// where the adapter is warm (the decision's adapter signal: decide.Candidate.Adapter).
 
 // modelsEveryOverride replaces telemetry.DefaultModelsEvery when positive (nanoseconds):
 // tests read the lists faster.

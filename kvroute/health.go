@@ -21,7 +21,7 @@ import (
 	"github.com/kvroute/caddy-kvroute/kvroute/telemetry"
 )
 
-// The policy's own memory of upstream failures (DESIGN.md "Health"). With Caddy's defaults (no
+// The policy's own memory of upstream failures (docs/design.md "Health"). With Caddy's defaults (no
 // retries, no health checks) an upstream that refuses connections stays Available(), and with
 // prefix affinity it would swallow every prefix group and session it holds. Two sources feed
 // one mechanism: request outcomes (an attempt that got no response headers by its upstream's

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+
+	"github.com/kvroute/caddy-kvroute/kvroute/llmreq"
 )
 
 // A streaming JSON filter that removes a client's P/D members from a request body on its way to
@@ -13,7 +15,9 @@ import (
 // the members its memberFilter names removed, at the top level and in the objects of the
 // members it descends into; every other byte goes through unchanged (whitespace before a
 // removed member goes with it). Memory is bounded whatever the body: the bytes of one member's
-// start until its key is known (at most maxPending) and one read's output.
+// start until its key is known (at most maxPending), one read's output, and the nesting: a bit
+// per open container (at most llmreq.MaxDepth, as llm_prompt reads: a deeper body is refused)
+// and a frame per open object the filter looks into (the filter's own depth, two levels).
 //
 // A body that is not one JSON object as RFC 8259 defines it (what vLLM's Python reads, minus
 // its NaN and Infinity) fails the read: a body the filter cannot read is never forwarded
@@ -85,10 +89,13 @@ const (
 	sinkDrop
 )
 
+// stripFrame is an open object whose members the filter looks at. These are the outermost
+// containers (the top-level object, and the members' objects its filter descends into): the
+// values of any other container are never filtered, so the frames are depths 1 to
+// len(pdStripper.stack).
 type stripFrame struct {
-	obj     bool
-	f       *memberFilter // nil: nothing removed here
-	emitted bool          // a member of this object was kept
+	f       *memberFilter
+	emitted bool // a member of this object was kept
 }
 
 // pdStripper is the filter as an io.ReadCloser over src.
@@ -101,7 +108,9 @@ type pdStripper struct {
 	off   int
 	pend  []byte
 	mode  int
-	stack []stripFrame
+	depth int                            // containers open
+	objs  [llmreq.MaxDepth/64 + 1]uint64 // bit d-1 set: the container at depth d is an object
+	stack []stripFrame                   // the filtered objects open, depths 1 to len(stack)
 	st    int
 	err   error
 	eof   bool
@@ -235,12 +244,45 @@ func (s *pdStripper) fail(c byte) bool {
 	return true
 }
 
-func (s *pdStripper) top() *stripFrame { return &s.stack[len(s.stack)-1] }
+// filtered returns the innermost container's frame when the filter looks into it, else nil.
+func (s *pdStripper) filtered() *stripFrame {
+	if s.depth == 0 || s.depth != len(s.stack) {
+		return nil
+	}
+	return &s.stack[s.depth-1]
+}
+
+// inObject reports whether the innermost container is an object.
+func (s *pdStripper) inObject() bool {
+	d := s.depth - 1
+	return s.objs[d/64]&(1<<(d%64)) != 0
+}
+
+// push opens a container, filtered by f (nil: not looked into); false when that nests deeper
+// than llmreq.MaxDepth: what llm_prompt does not read is not forwarded either, and the
+// nesting's memory stays bounded.
+func (s *pdStripper) push(obj bool, f *memberFilter) bool {
+	if s.depth == llmreq.MaxDepth {
+		s.err = fmt.Errorf("%w: it nests deeper than %d levels", errNotJSONObject, llmreq.MaxDepth)
+		return false
+	}
+	d := s.depth
+	if obj {
+		s.objs[d/64] |= 1 << (d % 64)
+	} else {
+		s.objs[d/64] &^= 1 << (d % 64)
+	}
+	s.depth++
+	if f != nil && len(s.stack) == d {
+		s.stack = append(s.stack, stripFrame{f: f})
+	}
+	return true
+}
 
 // keep ends a pending member as kept: its bytes go out, without the comma that led it when no
 // member of its object went out before it.
 func (s *pdStripper) keep() {
-	fr := s.top()
+	fr := s.filtered()
 	p := s.pend
 	if !fr.emitted && len(p) > 0 && p[0] == ',' {
 		p = p[1:]
@@ -256,7 +298,7 @@ func (s *pdStripper) keep() {
 // decideKey ends a filtered object's key: its member is removed or kept.
 func (s *pdStripper) decideKey() {
 	s.capture = false
-	f := s.top().f
+	f := s.filtered().f
 	name := string(s.key)
 	if !s.keyOff && f.remove[name] {
 		s.pend = s.pend[:0]
@@ -280,7 +322,7 @@ func (s *pdStripper) step(c byte) bool {
 		if s.st == jEnd || c != '{' {
 			return s.fail(c)
 		}
-		s.open(c, true)
+		s.open(c, pdFilter)
 		return true
 	case jObjStart, jObjKey:
 		switch {
@@ -290,12 +332,12 @@ func (s *pdStripper) step(c byte) bool {
 			s.put(c)
 			s.st = jStr
 			s.strKey = true
-			s.capture = s.top().f != nil && s.mode == sinkPend
+			s.capture = s.filtered() != nil && s.mode == sinkPend
 			s.key, s.keyOff = s.key[:0], false
 		case c == '}' && s.st == jObjStart:
 			if s.mode == sinkPend {
 				s.keep() // an empty object: its whitespace
-				s.top().emitted = false
+				s.filtered().emitted = false
 			}
 			s.closeC(c)
 		default:
@@ -326,18 +368,15 @@ func (s *pdStripper) step(c byte) bool {
 		s.nextF = nil
 		switch {
 		case c == '{':
-			s.open(c, false)
-			if s.mode != sinkDrop {
-				s.top().f = f
-				if f != nil {
-					s.mode = sinkPend
-					s.pend = s.pend[:0]
-				}
+			if s.mode == sinkDrop {
+				f = nil // a removed member's value: nothing of it goes out
 			}
+			s.open(c, f)
 		case c == '[':
-			s.put(c)
-			s.stack = append(s.stack, stripFrame{})
-			s.st = jArrStart
+			if s.push(false, nil) {
+				s.put(c)
+				s.st = jArrStart
+			}
 		case c == '"':
 			s.put(c)
 			s.strKey, s.capture = false, false
@@ -365,23 +404,23 @@ func (s *pdStripper) step(c byte) bool {
 		}
 		return true
 	case jAfterValue:
-		fr := s.top()
+		fr, obj := s.filtered(), s.inObject()
 		switch {
 		case isSpace(c):
 			s.put(c)
 		case c == ',':
-			if fr.obj && fr.f != nil {
+			if fr != nil {
 				s.pend = s.pend[:0]
 				s.mode = sinkPend
 			}
 			s.put(c)
-			if fr.obj {
+			if obj {
 				s.st = jObjKey
 			} else {
 				s.st = jValue
 			}
-		case c == '}' && fr.obj, c == ']' && !fr.obj:
-			if fr.f != nil {
+		case c == '}' && obj, c == ']' && !obj:
+			if fr != nil {
 				s.mode = sinkEmit // after a removed member
 			}
 			s.closeC(c)
@@ -529,7 +568,7 @@ func (s *pdStripper) keyByte(d byte) {
 	if !s.capture {
 		return
 	}
-	if d >= 0x80 || len(s.key) >= s.top().f.maxKey {
+	if d >= 0x80 || len(s.key) >= s.filtered().f.maxKey {
 		s.keyOff = true
 		s.decideKey()
 		return
@@ -549,24 +588,27 @@ func (s *pdStripper) endString() {
 	}
 }
 
-// open starts an object.
-func (s *pdStripper) open(c byte, root bool) {
+// open starts an object, filtered by f (nil: its members are not looked at).
+func (s *pdStripper) open(c byte, f *memberFilter) {
+	if !s.push(true, f) {
+		return
+	}
 	s.put(c)
-	fr := stripFrame{obj: true}
-	if root {
-		fr.f = pdFilter
+	if f != nil {
 		s.mode = sinkPend
 		s.pend = s.pend[:0]
 	}
-	s.stack = append(s.stack, fr)
 	s.st = jObjStart
 }
 
 // closeC ends the innermost container.
 func (s *pdStripper) closeC(c byte) {
 	s.put(c)
-	s.stack = s.stack[:len(s.stack)-1]
-	if len(s.stack) == 0 {
+	if s.depth == len(s.stack) {
+		s.stack = s.stack[:s.depth-1]
+	}
+	s.depth--
+	if s.depth == 0 {
 		s.st = jEnd
 	} else {
 		s.st = jAfterValue

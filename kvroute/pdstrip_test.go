@@ -6,9 +6,13 @@ import (
 	"errors"
 	"io"
 	"reflect"
+	"runtime"
 	"strings"
 	"testing"
 	"testing/iotest"
+	"unsafe"
+
+	"github.com/kvroute/caddy-kvroute/kvroute/llmreq"
 )
 
 // refTokens is what the filter must give, from Go's own JSON decoder: the tokens of data with
@@ -87,14 +91,29 @@ func checkStrip(t *testing.T, in []byte) {
 	if cerr := checkPDPrefix(in); (cerr != nil) != (err != nil && !strings.Contains(err.Error(), "ends early")) {
 		t.Fatalf("checkPDPrefix(%q) = %v, stripPD's error %v", in, cerr, err)
 	}
-	// The same bytes read one at a time, through the streaming reader.
+	// The same bytes read one at a time, through the streaming reader, its frame stack
+	// checked after every read.
 	s := newPDStripper(iotest.OneByteReader(bytes.NewReader(in)), nil)
-	streamed, serr := io.ReadAll(s)
+	var streamed []byte
+	var serr error
+	buf := make([]byte, 7)
+	for {
+		n, rerr := s.Read(buf)
+		streamed = append(streamed, buf[:n]...)
+		checkFrames(t, s)
+		if rerr != nil {
+			if rerr != io.EOF {
+				serr = rerr
+			}
+			break
+		}
+	}
 	if (err == nil) != (serr == nil) || (err == nil && !bytes.Equal(out, streamed)) {
 		t.Fatalf("stripPD and the streamed filter disagree on %q: %q (%v) against %q (%v)", in, out, err, streamed, serr)
 	}
 	trimmed := bytes.TrimLeft(in, " \t\r\n")
-	valid := json.Valid(in) && len(trimmed) > 0 && trimmed[0] == '{'
+	// Deeper than llmreq.MaxDepth is not JSON the router reads (llm_prompt refuses it too).
+	valid := json.Valid(in) && len(trimmed) > 0 && trimmed[0] == '{' && nesting(in) <= llmreq.MaxDepth
 	if !valid {
 		if err == nil {
 			t.Fatalf("%q is not one JSON object, and the filter read it without an error (gave %q)", in, out)
@@ -116,6 +135,47 @@ func checkStrip(t *testing.T, in []byte) {
 	want := refTokens(t, in, true)
 	if got := refTokens(t, out, false); !reflect.DeepEqual(got, want) {
 		t.Fatalf("output is not the input without the P/D members:\nin   %q\nout  %q\ngot  %v\nwant %v", in, out, got, want)
+	}
+}
+
+// maxFrameBytes bounds the filter's frame stack, whatever the body: the frames of the objects
+// it filters (pdFilter's two levels), however deep the body nests.
+const maxFrameBytes = 1 << 10
+
+// checkFrames fails when the filter's frame stack is over its bound.
+func checkFrames(t testing.TB, s *pdStripper) {
+	t.Helper()
+	if n := cap(s.stack) * int(unsafe.Sizeof(stripFrame{})); n > maxFrameBytes {
+		t.Fatalf("the filter's frame stack holds %d bytes (%d frames), over %d", n, cap(s.stack), maxFrameBytes)
+	}
+}
+
+// nesting returns how deep the arrays and objects of a valid JSON body nest.
+func nesting(body []byte) int {
+	dec := json.NewDecoder(bytes.NewReader(body))
+	depth, deepest := 0, 0
+	for {
+		tok, err := dec.Token()
+		if err != nil {
+			return deepest
+		}
+		switch tok {
+		case json.Delim('{'), json.Delim('['):
+			depth++
+			deepest = max(deepest, depth)
+		case json.Delim('}'), json.Delim(']'):
+			depth--
+		}
+	}
+}
+
+// deepBodies are JSON objects nesting exactly n levels (the top-level object counts), through
+// arrays, objects, and the objects the filter descends into (vllm_xargs).
+func deepBodies(n int) []string {
+	return []string{
+		`{"a":` + strings.Repeat(`[`, n-1) + strings.Repeat(`]`, n-1) + `}`,
+		strings.Repeat(`{"a":`, n-1) + `{}` + strings.Repeat(`}`, n-1),
+		`{"vllm_xargs":{"kv_transfer_params":` + strings.Repeat(`[`, n-2) + strings.Repeat(`]`, n-2) + `,"b":` + strings.Repeat(`{"c":`, n-3) + `1` + strings.Repeat(`}`, n-3) + `}}`,
 	}
 }
 
@@ -152,11 +212,57 @@ func TestStripPD(t *testing.T) {
 		}
 		checkStrip(t, []byte(bad))
 	}
+	// Nesting: up to llmreq.MaxDepth levels read, one more refused (as llm_prompt does).
+	for _, in := range deepBodies(llmreq.MaxDepth) {
+		if _, err := stripPD([]byte(in)); err != nil {
+			t.Errorf("%d levels (%.40s...): %v", llmreq.MaxDepth, in, err)
+		}
+		checkStrip(t, []byte(in))
+	}
+	for _, in := range deepBodies(llmreq.MaxDepth + 1) {
+		if _, err := stripPD([]byte(in)); !errors.Is(err, errNotJSONObject) {
+			t.Errorf("%d levels (%.40s...): error %v, want errNotJSONObject", llmreq.MaxDepth+1, in, err)
+		}
+		checkStrip(t, []byte(in))
+	}
 }
 
-// TestStripPDBoundedMemory: a 64 MiB prompt streams through with a few KiB at a time.
+// issueDeepBody is issue 40's body: a chat request whose last member opens n arrays.
+func issueDeepBody(n int64) io.Reader {
+	return io.MultiReader(strings.NewReader(`{"model":"m","messages":[{"role":"user","content":"hi"}],"x":`), io.LimitReader(repeatReader('['), n))
+}
+
+// TestStripPDDeepNestingMemory: a body of 8 MiB of '[' (8 KiB gzip-compressed) made the filter
+// hold one frame per bracket, 229 MiB, allocating 1.1 GiB on the way (issue 40). It is refused
+// at llmreq.MaxDepth levels, having allocated what any body costs: the read buffer, one read's
+// output, a few frames.
+func TestStripPDDeepNestingMemory(t *testing.T) {
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	s := newPDStripper(issueDeepBody(8<<20), nil)
+	n, err := io.Copy(io.Discard, s)
+	runtime.ReadMemStats(&after)
+	if !errors.Is(err, errNotJSONObject) {
+		t.Fatalf("8 MiB of '[': %d bytes out, error %v; want errNotJSONObject", n, err)
+	}
+	checkFrames(t, s)
+	// The buffers are 32 KiB each; anything near a byte per bracket is the defect.
+	if alloc := after.TotalAlloc - before.TotalAlloc; alloc > 1<<20 {
+		t.Fatalf("the filter allocated %d KiB on 8 MiB of '[', want at most 1024 KiB", alloc>>10)
+	}
+	if _, err := stripPD(append([]byte(`{"x":`), bytes.Repeat([]byte("["), 1<<20)...)); !errors.Is(err, errNotJSONObject) {
+		t.Fatalf("stripPD of 1 MiB of '[': %v, want errNotJSONObject", err)
+	}
+}
+
+// TestStripPDBoundedMemory: a 64 MiB prompt streams through with a few KiB at a time, behind
+// members nesting as deep as the router reads (its frame stack bounded too); a body nesting
+// deeper fails with the same few KiB.
 func TestStripPDBoundedMemory(t *testing.T) {
-	body := io.MultiReader(strings.NewReader(`{"kv_transfer_params":{"x":1},"prompt":"`),
+	deep := deepBodies(llmreq.MaxDepth)
+	members := `"a":` + deep[0][len(`{"a":`):len(deep[0])-1] + `,"b":` + deep[1][len(`{"a":`):len(deep[1])-1]
+	body := io.MultiReader(strings.NewReader(`{"kv_transfer_params":{"x":1},`+members+`,"prompt":"`),
 		io.LimitReader(repeatReader('a'), 64<<20), strings.NewReader(`","bootstrap_room":1,"max_tokens":3}`))
 	s := newPDStripper(body, nil)
 	var n int64
@@ -174,6 +280,7 @@ func TestStripPDBoundedMemory(t *testing.T) {
 		if cap(s.out) > 64<<10 || cap(s.pend) > 64<<10 {
 			t.Fatalf("the filter holds %d + %d bytes", cap(s.out), cap(s.pend))
 		}
+		checkFrames(t, s)
 		if err == io.EOF {
 			break
 		}
@@ -181,8 +288,23 @@ func TestStripPDBoundedMemory(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if want := int64(len(`{"prompt":"`)+64<<20) + int64(len(`","max_tokens":3}`)); n != want || !strings.HasSuffix(string(tail), `aaa","max_tokens":3}`) {
+	if want := int64(len(`{`+members+`,"prompt":"`)+64<<20) + int64(len(`","max_tokens":3}`)); n != want || !strings.HasSuffix(string(tail), `aaa","max_tokens":3}`) {
 		t.Errorf("%d bytes out ending %q, want %d", n, tail, want)
+	}
+
+	s = newPDStripper(issueDeepBody(64<<20), nil)
+	for {
+		_, err := s.Read(buf)
+		if cap(s.out) > 64<<10 || cap(s.pend) > 64<<10 {
+			t.Fatalf("the filter holds %d + %d bytes", cap(s.out), cap(s.pend))
+		}
+		checkFrames(t, s)
+		if err != nil {
+			if !errors.Is(err, errNotJSONObject) {
+				t.Fatalf("64 MiB of '[': error %v, want errNotJSONObject", err)
+			}
+			break
+		}
 	}
 }
 
@@ -196,8 +318,9 @@ func (r repeatReader) Read(p []byte) (int, error) {
 }
 
 // FuzzStripPD: for any input, the filter and the streamed filter agree; a JSON object comes out
-// valid, with exactly the P/D members removed and no byte added or changed; anything else is
-// refused.
+// valid, with exactly the P/D members removed and no byte added or changed; anything else,
+// nesting deeper than llmreq.MaxDepth included, is refused; the frame stack stays within its
+// bound however deep the input nests.
 func FuzzStripPD(f *testing.F) {
 	for _, s := range []string{
 		`{"model":"m","kv_transfer_params":{"do_remote_prefill":true},"messages":[{"role":"user","content":"x"}]}`,
@@ -208,6 +331,14 @@ func FuzzStripPD(f *testing.F) {
 	} {
 		f.Add([]byte(s))
 	}
+	// Nesting at the bound and past it: refused past llmreq.MaxDepth, with the frame stack
+	// bounded whatever the depth (checkStrip).
+	for _, n := range []int{llmreq.MaxDepth, llmreq.MaxDepth + 1, 4 * llmreq.MaxDepth} {
+		for _, s := range deepBodies(n) {
+			f.Add([]byte(s))
+		}
+	}
+	f.Add([]byte(`{"model":"m","x":` + strings.Repeat(`[`, 20000)))
 	f.Fuzz(func(t *testing.T, in []byte) {
 		checkStrip(t, in)
 	})

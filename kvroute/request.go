@@ -53,6 +53,9 @@ type llmRequest struct {
 	// legs it runs. bestMatch is the longest prefix any candidate of the latest decision held.
 	leg       legKind
 	bestMatch int
+	// split is a vLLM P/D split's prefill leg, run once the decode pool placed the request
+	// (llm_disaggregate: disaggregate.go).
+	split *deferredPrefill
 
 	// tried lists the dial addresses earlier attempts of this request went to. Select runs
 	// again for every retry, one attempt at a time, so only Select touches it.

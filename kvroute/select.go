@@ -56,6 +56,10 @@ func (p *KVCacheAware) Select(pool reverseproxy.UpstreamPool, r *http.Request, w
 	if p.reg != nil && p.reg.retired.Load() {
 		p.state.afterRetired(p.reg)
 	}
+	if up != nil {
+		// A vLLM P/D split prefills only once its decode engine is chosen (disaggregate.go).
+		runDeferredPrefill(r)
+	}
 	return up
 }
 

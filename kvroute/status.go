@@ -28,7 +28,8 @@ type Status struct {
 	// candidate's prediction (admin only: the explain header shows the chosen one's).
 	RecentDecisions []DecisionStatus `json:"recent_decisions,omitempty"`
 	// Disaggregation counts llm_disaggregate's requests by path (split, aggregated_short,
-	// aggregated_fallback, prefill_failed), since the process started; absent before any.
+	// aggregated_fallback, prefill_failed, refused, shed), since the process started; absent
+	// before any.
 	Disaggregation map[string]uint64 `json:"disaggregation,omitempty"`
 	// Queue is the requests waiting at the router for a slot and the tenants' tokens served
 	// (queue.go).

@@ -486,7 +486,7 @@ func TestParseHuge(t *testing.T) {
 }
 
 func TestParseDeep(t *testing.T) {
-	for _, n := range []int{100_000, maxDepth} {
+	for _, n := range []int{100_000, MaxDepth} {
 		for _, body := range []string{
 			`{"prompt":"x","metadata":` + strings.Repeat(`[`, n) + strings.Repeat(`]`, n) + `}`,
 			`{"prompt":"x","metadata":` + strings.Repeat(`{"a":`, n) + `1` + strings.Repeat(`}`, n) + `}`,
@@ -502,9 +502,9 @@ func TestParseDeep(t *testing.T) {
 			}
 		}
 	}
-	ok := `{"prompt":"x","metadata":` + strings.Repeat(`[`, maxDepth-1) + strings.Repeat(`]`, maxDepth-1) + `}`
+	ok := `{"prompt":"x","metadata":` + strings.Repeat(`[`, MaxDepth-1) + strings.Repeat(`]`, MaxDepth-1) + `}`
 	if got := Parse([]byte(ok), false); got.Format != Completion {
-		t.Errorf("%d levels: got %v, want %v", maxDepth, got.Format, Completion)
+		t.Errorf("%d levels: got %v, want %v", MaxDepth, got.Format, Completion)
 	}
 }
 

@@ -19,7 +19,7 @@ func refParse(body []byte) (req Request, ok bool) { return refParseAs(body, None
 // refParseAs is refParse for ParseAs.
 func refParseAs(body []byte, hint Format) (req Request, ok bool) {
 	defer func() { req.Runes = utf8.RuneCountInString(req.Text) }()
-	if !json.Valid(body) || nesting(body) > maxDepth {
+	if !json.Valid(body) || nesting(body) > MaxDepth {
 		return Request{}, false
 	}
 	var top map[string]json.RawMessage

@@ -7,9 +7,12 @@ import (
 	"unicode/utf8"
 )
 
-// maxDepth bounds the nesting of arrays and objects in a body. Deeper bodies are not JSON this
-// package accepts (Python servers stop near 1000 too).
-const maxDepth = 1000
+// MaxDepth bounds the nesting of arrays and objects in a body: a body whose containers nest
+// deeper (the top-level object counts as one) is not JSON this package accepts, nor JSON the
+// router forwards after reading it (llm_disaggregate's P/D filter stops there too). Python
+// servers stop near 1000 as well, and a bound keeps a body of brackets from costing memory
+// per byte.
+const MaxDepth = 1000
 
 // state says how much of a field a parse has seen.
 type state uint8
@@ -33,9 +36,9 @@ type scanner struct {
 	depth int
 	trunc bool // b is the first bytes of a longer body
 	eof   bool // the end of b was reached inside a value (only when trunc)
-	bad   bool // not JSON, or nested deeper than maxDepth
+	bad   bool // not JSON, or nested deeper than MaxDepth
 
-	open [maxDepth/64 + 1]uint64 // per depth, 1 for '{', 0 for '[' (containers being skipped)
+	open [MaxDepth/64 + 1]uint64 // per depth, 1 for '{', 0 for '[' (containers being skipped)
 	key  []byte                  // scratch for keys with escapes
 }
 
@@ -326,7 +329,7 @@ func (s *scanner) skipValue() {
 		case '{', '[':
 			s.pos++
 			s.depth++
-			if s.depth > maxDepth {
+			if s.depth > MaxDepth {
 				s.bad = true
 				return
 			}
