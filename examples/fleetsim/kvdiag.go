@@ -51,13 +51,19 @@ const LostMS = 50
 // as the request arrived at the engine it was sent to: the demo's -diagnose). Engines are in
 // the fleet's order; one the router left out has a zero Belief.
 type DecisionRecord struct {
-	ID          string        `json:"id"`    // the request: its index in the simulator, Caddy's id in real time
-	At          time.Duration `json:"at_ns"` // from the run's start
+	ID string `json:"id"` // the request: its index in the simulator, Caddy's id in real time
+	// Sent is when its client sent it, Decided when the router chose, and At when it arrived
+	// at its engine, from the run's start (in the simulator the three are one moment; in real
+	// time Decided is known for kv_cache_aware only, else 0).
+	Sent        time.Duration `json:"sent_ns"`
+	Decided     time.Duration `json:"decided_ns"`
+	At          time.Duration `json:"at_ns"`
 	Path        string        `json:"path"`
 	Chosen      int           `json:"chosen"`
 	PromptChars int           `json:"prompt_chars"`
-	// PromptTokens is what the router estimated; the engines' own count is in Truth.
+	// PromptTokens is what the router estimated, Tokens the engines' own count.
 	PromptTokens int64    `json:"prompt_tokens"`
+	Tokens       int      `json:"tokens"`
 	Believed     []Belief `json:"believed"`
 	Truth        []Truth  `json:"truth"`
 	// TTFT is the request's time to first token as its client saw it (from the send),
@@ -66,6 +72,10 @@ type DecisionRecord struct {
 	TTFT       time.Duration `json:"ttft_ns"`
 	EngineTTFT time.Duration `json:"engine_ttft_ns"`
 	Cached     int           `json:"cached"`
+	// EngineDone is when its engine gave its last token and Done when its client had it,
+	// from the run's start (0: not known).
+	EngineDone time.Duration `json:"engine_done_ns"`
+	Done       time.Duration `json:"done_ns"`
 }
 
 // Belief is what the router believed of one engine at a decision.
@@ -174,13 +184,8 @@ type kvDiagRouter struct {
 func (r *kvDiagRouter) See(engines []*engine.Engine) { r.engines = engines }
 
 func (r *kvDiagRouter) Route(now time.Duration, req *Request) int {
-	rec := &DecisionRecord{ID: fmt.Sprint(req.ID), At: now, PromptChars: req.Chars, Truth: make([]Truth, len(r.engines))}
 	r.er = engine.Request{Tokens: req.Tokens, Hashes: req.hashes, Output: req.Output, Adapter: req.Adapter}
-	for i, e := range r.engines {
-		rd := e.Reading()
-		rec.Truth[i] = Truth{Running: rd.Running, Waiting: rd.Waiting, Slots: r.sc.Engines[i].MaxNumSeqs,
-			Cached: e.Lookup(&r.er), TTFT: e.PredictTTFT(&r.er, now)}
-	}
+	rec := &DecisionRecord{ID: fmt.Sprint(req.ID), Sent: req.Arrival, Decided: now, At: now, PromptChars: req.Chars, Tokens: req.Tokens, Truth: truth(r.sc, r.engines, &r.er, now)}
 	i := r.kvRouter.Route(now, req)
 	if i < 0 {
 		return i
@@ -230,6 +235,9 @@ func DiagnoseKV(sc *Scenario, seed uint64, rule decide.Rule, tune func(*KVSettin
 		r.tune(tune)
 	}
 	res := Run(sc, b, seed, sc.Load*capacity, r)
+	if records != nil {
+		ends(res, *records)
+	}
 	return r.d, Measure(res, slo), nil
 }
 
@@ -257,4 +265,82 @@ func (d *KVDiagnosis) Write(w io.Writer, name string) {
 	}
 	fmt.Fprintf(w, "  of the %d lost: match none %d, ≤0.1 %d, ≤0.5 %d, >0.5 %d; least loaded by the router's count %d; slots learned %d, full by them %d\n",
 		lost, d.MatchNone, d.MatchLow, d.MatchMid, d.MatchHigh, d.LeastLoaded, d.SlotsKnown, d.RouterSawFull)
+}
+
+// truthRouter records, for any router, what the engines held at each of its decisions (a
+// baseline's in TraceRun: what it believed is its own).
+type truthRouter struct {
+	Router
+	sc      *Scenario
+	engines []*engine.Engine
+	er      engine.Request
+	records []*DecisionRecord
+	pending map[int]*DecisionRecord
+}
+
+func (r *truthRouter) See(engines []*engine.Engine) {
+	r.engines = engines
+	if o, ok := r.Router.(Omniscient); ok {
+		o.See(engines)
+	}
+}
+
+// truth is what every engine holds now for req (DecisionRecord.Truth).
+func truth(sc *Scenario, engines []*engine.Engine, er *engine.Request, now time.Duration) []Truth {
+	out := make([]Truth, len(engines))
+	for i, e := range engines {
+		rd := e.Reading()
+		out[i] = Truth{Running: rd.Running, Waiting: rd.Waiting, Slots: sc.Engines[i].MaxNumSeqs, Cached: e.Lookup(er), TTFT: e.PredictTTFT(er, now)}
+	}
+	return out
+}
+
+func (r *truthRouter) Route(now time.Duration, req *Request) int {
+	r.er = engine.Request{Tokens: req.Tokens, Hashes: req.hashes, Output: req.Output, Adapter: req.Adapter}
+	tr := truth(r.sc, r.engines, &r.er, now)
+	i := r.Router.Route(now, req)
+	if i < 0 {
+		return i
+	}
+	rec := &DecisionRecord{ID: fmt.Sprint(req.ID), Sent: req.Arrival, Decided: now, At: now, Chosen: i, PromptChars: req.Chars, Tokens: req.Tokens, Truth: tr}
+	r.records = append(r.records, rec)
+	r.pending[req.ID] = rec
+	return i
+}
+
+func (r *truthRouter) FirstToken(now time.Duration, req *Request, i int) {
+	if rec := r.pending[req.ID]; rec != nil {
+		rec.TTFT, rec.EngineTTFT, rec.Cached = now-req.Arrival, now-req.Routed, req.Cached
+		delete(r.pending, req.ID)
+	}
+	r.Router.FirstToken(now, req, i)
+}
+
+// TraceRun runs policy p on scenario sc's workload b (built for seed) at rate, as Run does,
+// and returns every decision seen both ways: kvroute's policies with what they believed
+// (as DiagnoseKV), the others with what the engines held alone.
+func TraceRun(sc *Scenario, b *Built, seed uint64, rate float64, p Policy) (*Result, []*DecisionRecord) {
+	rt := p.New(seed)
+	var res *Result
+	var records []*DecisionRecord
+	if k, ok := rt.(*kvRouter); ok && k.fc == nil {
+		r := &kvDiagRouter{kvRouter: k, sc: sc, d: &KVDiagnosis{}, records: &records, pending: map[int]*DecisionRecord{}}
+		res = Run(sc, b, seed, rate, r)
+	} else {
+		r := &truthRouter{Router: rt, sc: sc, pending: map[int]*DecisionRecord{}}
+		res = Run(sc, b, seed, rate, r)
+		records = r.records
+	}
+	ends(res, records)
+	return res, records
+}
+
+// ends fills in each record's end, at the engine and at the client, from the run.
+func ends(res *Result, records []*DecisionRecord) {
+	for _, rec := range records {
+		var id int
+		if _, err := fmt.Sscan(rec.ID, &id); err == nil && id >= 0 && id < len(res.Requests) {
+			rec.EngineDone, rec.Done = res.Requests[id].engineDone, res.Requests[id].Done
+		}
+	}
 }

@@ -32,6 +32,9 @@ type Scenario struct {
 	Restart           *Restart
 	Side              *SideLoad
 	Grow              *Grow
+	// Transit, when set, is the request path outside the engines (nil: none, every hop
+	// instant).
+	Transit *Transit
 	// FlowControl: the requests carry tenants or priorities, and the card runs kv_flow
 	// (kv_cache_aware with flow control) beside the other policies.
 	FlowControl bool
@@ -45,6 +48,31 @@ type Restart struct {
 	At     time.Duration
 	Share  float64
 }
+
+// Transit is the time a request spends outside the engines in real time, through a proxy on
+// the same host: Router from the client's send to the router's decision (the body's upload, the
+// matcher), Proxy plus PerKChar per 1,000 prompt chars from the decision to the engine's
+// arrival (the body forwarded and parsed), Back from the engine's first token, and from its
+// last, to the client. Each is drawn per request: × a lognormal factor of median 1 and log
+// deviation Sigma (a loaded host's scheduling), the same draws for every policy of a seed. The
+// router sees a first token when the engine sends it, and a request's end when the client has
+// it (the proxy's handler returns then); a closed-loop client sends its next request then.
+type Transit struct {
+	Router, Proxy, PerKChar, Back time.Duration
+	Sigma                         float64
+	// Extra, when set, is the jitter instead of Sigma's: each delay is its median plus one of
+	// these, drawn at random (FitTransit: a real series' delays beyond their groups' medians,
+	// at evenly spaced ranks; a loaded host's stalls add to a hop whatever its size).
+	Extra []time.Duration
+}
+
+// DemoTransit is the request path outside the engines as the demo measures it through Caddy on
+// this project's 2-core machine (the demo's -diagnose; docs/benchmarks.md, "Issue 41"): the
+// send to the decision 0.4 ms, to the engine 0.3 ms more plus 35 µs per 1,000 prompt chars
+// (the body copied, parsed and hashed on its way), the first and the last token back to the
+// client 1.3 ms, each × a lognormal jitter of log deviation 1.0.
+var DemoTransit = Transit{Router: 400 * time.Microsecond, Proxy: 300 * time.Microsecond, PerKChar: 35 * time.Microsecond,
+	Back: 1300 * time.Microsecond, Sigma: 1.0}
 
 // SideLoad is traffic no router sees: Rate requests per second of unrelated prompts sent
 // straight to one engine.

@@ -35,12 +35,14 @@ type View struct {
 }
 
 // Observer sees the requests a worker takes (Server.Observe): Arrived as each arrives, before
-// its engine queues it, and FirstToken when its first token is produced (at, in the engine's
-// time on the wall clock; cached, the prompt tokens found at admission). Both run on the
-// request's handler: what they do delays it.
+// its engine queues it; FirstToken when its first token is produced (at, in the engine's time
+// on the wall clock; cached, the prompt tokens found at admission); Finished once the answer
+// is written to its end (at, the engine's last token; written, when the handler had written
+// it). They run on the request's handler: what they do delays it.
 type Observer interface {
 	Arrived(w *Server, a *Arrival)
 	FirstToken(id string, at time.Time, cached int)
+	Finished(id string, at, written time.Time)
 }
 
 // Observe makes o see the worker's requests from now on (nil: none, the default).
@@ -58,9 +60,13 @@ func (s *Server) View(p Prompt, output int) View {
 	r := engine.Request{Tokens: p.Tokens, Hashes: p.Hashes, Output: output}
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	// What the engine holds now: the steps due end first, as a request arriving now would
+	// see them end (a late stepping goroutine's lag is not the engine's state).
+	now := d.now()
+	d.catchUp(now)
 	rd := d.eng.Reading()
 	return View{Running: rd.Running, Waiting: rd.Waiting, Slots: d.cfg.MaxNumSeqs,
-		Cached: d.eng.Lookup(&r), TTFT: d.eng.PredictTTFT(&r, d.now())}
+		Cached: d.eng.Lookup(&r), TTFT: d.eng.PredictTTFT(&r, now)}
 }
 
 // arrival is the Arrival of r, of prompt p for output tokens, at arrived.

@@ -15,12 +15,23 @@ type seen struct {
 	arrivals []Arrival
 	firsts   map[string]int // id -> cached tokens at the first token
 	at       map[string]time.Time
+	done     map[string]bool
+	bad      []string // finished before the first token, or written before the last
 }
 
 func (s *seen) Arrived(_ *Server, a *Arrival) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.arrivals = append(s.arrivals, *a)
+}
+
+func (s *seen) Finished(id string, at, written time.Time) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if at.Before(s.at[id]) || written.Before(at) {
+		s.bad = append(s.bad, id)
+	}
+	s.done[id] = true
 }
 
 func (s *seen) FirstToken(id string, at time.Time, cached int) {
@@ -35,7 +46,7 @@ func (s *seen) FirstToken(id string, at time.Time, cached int) {
 func TestObserve(t *testing.T) {
 	cfg := Config{Name: "w", Slots: 1, StepFixed: 20 * time.Millisecond, PrefillPerToken: -1, PerSeq: -1}
 	s, ts := startServer(t, cfg)
-	o := &seen{firsts: map[string]int{}, at: map[string]time.Time{}}
+	o := &seen{firsts: map[string]int{}, at: map[string]time.Time{}, done: map[string]bool{}}
 	s.Observe(o)
 	prompt := strings.Repeat("the same long prompt ", 40)
 	send := func(id string, tokens int) {
@@ -73,6 +84,9 @@ func TestObserve(t *testing.T) {
 	}
 	if c.ID != "c" || c.View.Running != 1 || c.View.Cached == 0 || c.View.TTFT < 20*time.Millisecond {
 		t.Errorf("third arrival %+v: want c, with b running (the one slot taken), the prompt cached and a TTFT of at least a step", c)
+	}
+	if len(o.done) != 3 || len(o.bad) > 0 {
+		t.Errorf("finished %v, out of order %v", o.done, o.bad)
 	}
 	if o.firsts["a"] != 0 || o.firsts["c"] == 0 || o.at["c"].Before(c.At) {
 		t.Errorf("first tokens: cached %v at %v (c arrived %v): a found nothing cached, c its prompt", o.firsts, o.at, c.At)

@@ -50,6 +50,7 @@ type pending struct {
 	cached    int
 	firstSent bool // first is closed (the stepping side's own record)
 	firstAt   time.Duration
+	doneAt    time.Duration // set before done is closed at the last token
 }
 
 func newRealtime(cfg engine.Config) *realtime {
@@ -154,6 +155,7 @@ func (d *realtime) dispatch(evs []engine.Event, at time.Duration) {
 			close(pd.first)
 		case engine.Finished:
 			d.decodeTime.observe(at - pd.firstAt)
+			pd.doneAt = at
 			pd.gen.Store(int64(pd.req.Output))
 			delete(d.pending, ev.Req)
 			close(pd.done)

@@ -336,6 +336,9 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, j job) {
 	}
 	if ok {
 		s.requests.Add(1)
+		if obs != nil {
+			obs.Finished(id, s.eng.origin.Add(pd.doneAt), time.Now())
+		}
 	}
 }
 

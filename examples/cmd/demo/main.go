@@ -139,6 +139,7 @@ func run(ctx context.Context, cfg *config) error {
 			printEnergy(os.Stdout, results, cfg)
 			printLearned(os.Stdout, results, b.extras, cfg, b.fleetCharsPerToken())
 			pairedRatios(os.Stdout, results, b.extras)
+			twinRatios(os.Stdout, results)
 			feedbackRatios(os.Stdout, results, b.extras)
 		}
 	}
