@@ -66,14 +66,6 @@ type Transit struct {
 	Extra []time.Duration
 }
 
-// DemoTransit is the request path outside the engines as the demo measures it through Caddy on
-// this project's 2-core machine (the demo's -diagnose; docs/benchmarks.md, "Issue 41"): the
-// send to the decision 0.4 ms, to the engine 0.3 ms more plus 35 µs per 1,000 prompt chars
-// (the body copied, parsed and hashed on its way), the first and the last token back to the
-// client 1.3 ms, each × a lognormal jitter of log deviation 1.0.
-var DemoTransit = Transit{Router: 400 * time.Microsecond, Proxy: 300 * time.Microsecond, PerKChar: 35 * time.Microsecond,
-	Back: 1300 * time.Microsecond, Sigma: 1.0}
-
 // SideLoad is traffic no router sees: Rate requests per second of unrelated prompts sent
 // straight to one engine.
 type SideLoad struct {
@@ -246,9 +238,9 @@ func Scenarios() []*Scenario {
 // -workload mooncake -open=false -concurrency 16 -max-num-seqs 4 -max-batch-tokens 4096):
 // the trace's first requests from 16 clients on 4 engines of 4 batch slots and 4,096 tokens a
 // step, whose step times are divided by speed (the demo's -speed), at the demo's chars per
-// token (llmsim's 4). Telemetry stays at 1 s of the clock: at speed 10 a reading is ten
-// engine-seconds old when it comes. demosim runs it; the card's mooncake-cold-16-4slots is
-// it at speed 10.
+// token (llmsim's 4), with the demo's path outside the engines (DemoTransit). Telemetry stays
+// at 1 s of the clock: at speed 10 a reading is ten engine-seconds old when it comes. demosim
+// runs it; the card's mooncake-cold-16-4slots is it at speed 10.
 func DemoMooncakeClosed(speed float64, requests int) *Scenario {
 	return demoClosed("demo-mooncake-closed-16-4slots", mooncakeW, speed, requests)
 }
@@ -264,8 +256,9 @@ func demoClosed(name string, w func(int, uint64) (*Workload, error), speed float
 	e.MaxNumSeqs = 4
 	div := func(d time.Duration) time.Duration { return time.Duration(float64(d) / speed) }
 	e.StepFixed, e.PerPrefillToken, e.PerSeq = div(engine.DefaultStepFixed), div(engine.DefaultPerPrefillToken), div(engine.DefaultPerSeq)
+	t := DemoTransit
 	return &Scenario{Name: name, Family: name, Requests: requests, Workload: w,
-		Engines: fleet(4, e), Clients: 16, CharsPerToken: 4, TelemetryInterval: time.Second}
+		Engines: fleet(4, e), Clients: 16, CharsPerToken: 4, TelemetryInterval: time.Second, Transit: &t}
 }
 
 // chatPromptsW is the chat workload over prompts system prompts, drawn by Zipf's law of

@@ -1,6 +1,7 @@
 package fleetsim
 
 import (
+	"cmp"
 	"fmt"
 	"io"
 	"math"
@@ -134,30 +135,24 @@ func medSpan(xs []float64) (med, lo, hi float64) {
 
 // FitTransit fits a Transit to real-time decision records (the demo's -diagnose -decisions):
 // Router the median of send to decision (kv_cache_aware's records, the only ones with a
-// decision time; else 0.4 of the small prompts' send to arrival), Proxy and PerKChar a line
-// through the medians of send to arrival of the small prompts (under 4,000 chars) and the
-// large ones (over 100,000), Back the median of the first and the last token's way back, and
-// Sigma the log deviation of every delay over its median (from the 50th to the 90th
-// percentile of a normal), and Extra the quantiles of what each delay adds to its median.
+// decision time; else 0.4 of the shorter prompts' send to arrival), Proxy and PerKChar a line
+// through the medians of send to arrival of the shorter and the longer half of the prompts
+// (by chars), Back the median of the first and the last token's way back, Sigma the log
+// deviation of every delay over its half's median (from the 50th to the 90th percentile of a
+// normal), and Extra the quantiles of what each delay adds to that median.
 func FitTransit(recs []*DecisionRecord) (Transit, error) {
-	var decide, small, large, back []float64
-	var largeChars []float64
+	type hop struct{ chars, before float64 }
+	var hops []hop
+	var decide, back []float64
 	for _, r := range recs {
-		if r.TTFT <= 0 || r.EngineTTFT <= 0 || r.Sent <= 0 && r.At <= 0 {
+		if r.TTFT <= 0 || r.EngineTTFT <= 0 {
 			continue
 		}
 		chars := float64(r.PromptChars)
 		if chars == 0 {
 			chars = float64(r.Tokens) * 4
 		}
-		before := float64(r.At - r.Sent)
-		switch {
-		case chars < 4000:
-			small = append(small, before)
-		case chars > 100000:
-			large = append(large, before)
-			largeChars = append(largeChars, chars)
-		}
+		hops = append(hops, hop{chars, float64(r.At - r.Sent)})
 		if r.Decided > 0 {
 			decide = append(decide, float64(r.Decided-r.Sent))
 		}
@@ -166,11 +161,21 @@ func FitTransit(recs []*DecisionRecord) (Transit, error) {
 			back = append(back, float64(r.Done-r.EngineDone))
 		}
 	}
-	if len(small) < 10 || len(large) < 10 || len(back) < 10 {
-		return Transit{}, fmt.Errorf("fit transit: %d small prompts, %d large, %d answers: too few", len(small), len(large), len(back))
+	if len(hops) < 20 {
+		return Transit{}, fmt.Errorf("fit transit: %d answered requests: too few", len(hops))
+	}
+	slices.SortFunc(hops, func(a, b hop) int { return cmp.Compare(a.chars, b.chars) })
+	var small, large, smallChars, largeChars []float64
+	for i, h := range hops {
+		if i < len(hops)/2 {
+			small, smallChars = append(small, h.before), append(smallChars, h.chars)
+		} else {
+			large, largeChars = append(large, h.before), append(largeChars, h.chars)
+		}
 	}
 	s50, _, _ := medSpan(small)
 	l50, _, _ := medSpan(large)
+	sc, _, _ := medSpan(smallChars)
 	lc, _, _ := medSpan(largeChars)
 	b50, _, _ := medSpan(back)
 	t := Transit{Back: time.Duration(b50)}
@@ -180,10 +185,10 @@ func FitTransit(recs []*DecisionRecord) (Transit, error) {
 	}
 	router = min(router, s50)
 	t.Router = time.Duration(router)
-	t.PerKChar = time.Duration(max(0, (l50-s50)/((lc-2000)/1000)))
-	t.Proxy = time.Duration(max(0, s50-router-float64(t.PerKChar)*2))
-	// Sigma: the spread of each delay over its group's median, pooled; Extra: what each delay
-	// adds to its group's median.
+	if lc > sc {
+		t.PerKChar = time.Duration(max(0, (l50-s50)/((lc-sc)/1000)))
+	}
+	t.Proxy = time.Duration(max(0, s50-router-float64(t.PerKChar)*sc/1000))
 	var logs, extra []float64
 	for _, g := range [][]float64{small, large, back} {
 		m, _, _ := medSpan(g)
@@ -197,9 +202,11 @@ func FitTransit(recs []*DecisionRecord) (Transit, error) {
 	slices.Sort(logs)
 	slices.Sort(extra)
 	t.Sigma = logs[int(0.9*float64(len(logs)))] / 1.2816
+	// 101 ranks at the middles of equal shares: the top is the 99.5th percentile, not the
+	// one worst delay of the series.
 	t.Extra = make([]time.Duration, 101)
 	for i := range t.Extra {
-		t.Extra[i] = time.Duration(extra[min(len(extra)-1, i*len(extra)/100)])
+		t.Extra[i] = time.Duration(extra[min(len(extra)-1, (2*i+1)*len(extra)/202)])
 	}
 	return t, nil
 }
