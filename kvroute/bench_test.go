@@ -12,6 +12,8 @@ import (
 	"testing"
 
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 )
 
 // benchBodies returns n chat bodies of about size bytes: 4 long shared system prompts, then a
@@ -174,5 +176,36 @@ func BenchmarkSelectHarness(b *testing.B) {
 			b.Fatal("no body")
 		}
 		cancel()
+	}
+}
+
+// BenchmarkSelectTrace measures a decision with the decision trace off (kvroute's logger at
+// Caddy's default level, INFO: the trace costs a level check) and on (at DEBUG, one JSON line
+// per decision to a discarding writer), on 8 upstreams with 4 KiB bodies.
+func BenchmarkSelectTrace(b *testing.B) {
+	bodies := benchBodies(64, 4<<10)
+	for _, level := range []zapcore.Level{zapcore.InfoLevel, zapcore.DebugLevel} {
+		name := "off"
+		if level == zapcore.DebugLevel {
+			name = "on"
+		}
+		b.Run(name, func(b *testing.B) {
+			p := newPolicy(b, nil)
+			p.logger = zap.New(zapcore.NewCore(zapcore.NewJSONEncoder(zap.NewProductionEncoderConfig()), zapcore.AddSync(io.Discard), level))
+			pool := newPool("u1:1", "u2:1", "u3:1", "u4:1", "u5:1", "u6:1", "u7:1", "u8:1")
+			m := &LLMPrompt{MaxBody: DefaultMaxBody}
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				r, cancel := benchRequest(bodies[i%len(bodies)], "")
+				if ok, _ := m.MatchWithError(r); !ok {
+					b.Fatal("matcher did not match")
+				}
+				if p.Select(pool, r, nil) == nil {
+					b.Fatal("no upstream")
+				}
+				cancel()
+			}
+		})
 	}
 }

@@ -145,6 +145,7 @@ func (p *KVCacheAware) selectUpstream(pool reverseproxy.UpstreamPool, r *http.Re
 	c := p.recordChoice(g, r, req, res)
 	p.charge(r, req, g, res.Chosen)
 	unlock()
+	p.traceDecision(r, req, g, res)
 	p.explain(w, req, c, int(res.Path))
 	return p.commit(r, w, req, c, treeName, g.sess, int(res.Path))
 }
@@ -600,6 +601,10 @@ func (p *KVCacheAware) count(c *candidate, req *llmRequest, path int) {
 				metrics.joulesSaved.Add(float64(energy.SavedJoules(c.prof, avoided)))
 			}
 		}
+	}
+	// A decision's line is traceDecision's; only a request no upstream could take gets this.
+	if c != nil {
+		return
 	}
 	if ce := p.logger.Check(zapcore.DebugLevel, "decision"); ce != nil {
 		ce.Write(

@@ -32,6 +32,9 @@ type Scenario struct {
 	Restart           *Restart
 	Side              *SideLoad
 	Grow              *Grow
+	// Transit, when set, is the request path outside the engines (nil: none, every hop
+	// instant).
+	Transit *Transit
 	// FlowControl: the requests carry tenants or priorities, and the card runs kv_flow
 	// (kv_cache_aware with flow control) beside the other policies.
 	FlowControl bool
@@ -44,6 +47,23 @@ type Restart struct {
 	Engine int
 	At     time.Duration
 	Share  float64
+}
+
+// Transit is the time a request spends outside the engines in real time, through a proxy on
+// the same host: Router from the client's send to the router's decision (the body's upload, the
+// matcher), Proxy plus PerKChar per 1,000 prompt chars from the decision to the engine's
+// arrival (the body forwarded and parsed), Back from the engine's first token, and from its
+// last, to the client. Each is drawn per request: × a lognormal factor of median 1 and log
+// deviation Sigma (a loaded host's scheduling), the same draws for every policy of a seed. The
+// router sees a first token when the engine sends it, and a request's end when the client has
+// it (the proxy's handler returns then); a closed-loop client sends its next request then.
+type Transit struct {
+	Router, Proxy, PerKChar, Back time.Duration
+	Sigma                         float64
+	// Extra, when set, is the jitter instead of Sigma's: each delay is its median plus one of
+	// these, drawn at random (FitTransit: a real series' delays beyond their groups' medians,
+	// at evenly spaced ranks; a loaded host's stalls add to a hop whatever its size).
+	Extra []time.Duration
 }
 
 // SideLoad is traffic no router sees: Rate requests per second of unrelated prompts sent
@@ -218,9 +238,9 @@ func Scenarios() []*Scenario {
 // -workload mooncake -open=false -concurrency 16 -max-num-seqs 4 -max-batch-tokens 4096):
 // the trace's first requests from 16 clients on 4 engines of 4 batch slots and 4,096 tokens a
 // step, whose step times are divided by speed (the demo's -speed), at the demo's chars per
-// token (llmsim's 4). Telemetry stays at 1 s of the clock: at speed 10 a reading is ten
-// engine-seconds old when it comes. demosim runs it; the card's mooncake-cold-16-4slots is
-// it at speed 10.
+// token (llmsim's 4), with the demo's path outside the engines (DemoTransit). Telemetry stays
+// at 1 s of the clock: at speed 10 a reading is ten engine-seconds old when it comes. demosim
+// runs it; the card's mooncake-cold-16-4slots is it at speed 10.
 func DemoMooncakeClosed(speed float64, requests int) *Scenario {
 	return demoClosed("demo-mooncake-closed-16-4slots", mooncakeW, speed, requests)
 }
@@ -236,8 +256,9 @@ func demoClosed(name string, w func(int, uint64) (*Workload, error), speed float
 	e.MaxNumSeqs = 4
 	div := func(d time.Duration) time.Duration { return time.Duration(float64(d) / speed) }
 	e.StepFixed, e.PerPrefillToken, e.PerSeq = div(engine.DefaultStepFixed), div(engine.DefaultPerPrefillToken), div(engine.DefaultPerSeq)
+	t := DemoTransit
 	return &Scenario{Name: name, Family: name, Requests: requests, Workload: w,
-		Engines: fleet(4, e), Clients: 16, CharsPerToken: 4, TelemetryInterval: time.Second}
+		Engines: fleet(4, e), Clients: 16, CharsPerToken: 4, TelemetryInterval: time.Second, Transit: &t}
 }
 
 // chatPromptsW is the chat workload over prompts system prompts, drawn by Zipf's law of

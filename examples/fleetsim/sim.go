@@ -16,6 +16,9 @@ const (
 	evRestart
 	evTelemetry
 	evOffer
+	evRoute  // a request reaches the router (Transit)
+	evArrive // a routed request reaches its engine (Transit)
+	evAnswer // an engine's last token (or error) reaches the client (Transit)
 )
 
 type event struct {
@@ -89,6 +92,7 @@ type Result struct {
 // sim is one run of a scenario with a router.
 type sim struct {
 	sc      *Scenario
+	seed    uint64
 	router  Router
 	engines []*engine.Engine
 	ids     []EngineInfo
@@ -129,7 +133,7 @@ func (s *sim) push(at time.Duration, kind, a, b int) {
 // Run plays scenario sc's workload b (built for the same seed) through router: open loop at
 // rate requests per second, or closed loop when the scenario has clients.
 func Run(sc *Scenario, b *Built, seed uint64, rate float64, router Router) *Result {
-	s := &sim{sc: sc, router: router}
+	s := &sim{sc: sc, router: router, seed: seed}
 	n := len(sc.Engines)
 	s.engines = make([]*engine.Engine, n)
 	s.ids = make([]EngineInfo, n)
@@ -209,6 +213,13 @@ func Run(sc *Scenario, b *Built, seed uint64, rate float64, router Router) *Resu
 		switch ev.kind {
 		case evSend:
 			s.send(s.reqs[ev.a][ev.b])
+		case evRoute:
+			s.arrive(s.byID[ev.a])
+		case evArrive:
+			r := s.byID[ev.a]
+			s.submit(r.Engine, &r.er)
+		case evAnswer:
+			s.answer(s.byID[ev.a], ev.b != 0)
 		case evStep:
 			if ev.b != s.epoch[ev.a] {
 				break // the engine restarted since
@@ -307,6 +318,15 @@ func (s *sim) send(r *Request) {
 		s.restarted = true
 		s.restart(rs.Engine)
 	}
+	if t := s.sc.Transit; t != nil {
+		s.push(s.now+s.delay(t.Router, r.ID, 0), evRoute, r.ID, 0)
+		return
+	}
+	s.arrive(r)
+}
+
+// arrive offers r to the router as it reaches it.
+func (s *sim) arrive(r *Request) {
 	if !s.route(r) {
 		s.waiting = append(s.waiting, r)
 		if w, ok := s.router.(Waker); ok {
@@ -337,6 +357,11 @@ func (s *sim) route(r *Request) bool {
 	}
 	r.Routed = s.now
 	r.Engine = i
+	if t := s.sc.Transit; t != nil {
+		d := t.Proxy + time.Duration(float64(t.PerKChar)*float64(r.Chars)/1000)
+		s.push(s.now+s.delay(d, r.ID, 1), evArrive, r.ID, 0)
+		return true
+	}
 	s.submit(i, &r.er)
 	return true
 }
@@ -379,20 +404,57 @@ func (s *sim) handle(i int, ev engine.Event) {
 	r := s.byID[ev.Req.ID]
 	switch ev.Kind {
 	case engine.FirstToken:
+		r.engineFirst = s.now
 		r.FirstToken = s.now
+		if t := s.sc.Transit; t != nil {
+			r.FirstToken += s.delay(t.Back, r.ID, 2)
+		}
 		r.Cached = ev.Cached
 		s.router.FirstToken(s.now, r, i)
-	case engine.Finished:
-		r.Done = s.now
-		s.router.Done(s.now, r, i, Usage{PromptTokens: r.Tokens, CachedTokens: ev.Cached, CompletionTokens: r.Output, FirstToken: r.FirstToken})
-		s.finish(r)
-	case engine.Aborted:
-		r.Aborted = true
-		r.Done = s.now
-		r.FirstToken = 0
-		s.router.Done(s.now, r, i, Usage{Aborted: true})
-		s.finish(r)
+	case engine.Finished, engine.Aborted:
+		r.engineDone = s.now
+		if t := s.sc.Transit; t != nil {
+			s.push(s.now+s.delay(t.Back, r.ID, 3), evAnswer, r.ID, boolInt(ev.Kind == engine.Aborted))
+			return
+		}
+		s.answer(r, ev.Kind == engine.Aborted)
 	}
+}
+
+// answer ends r as its client sees the end: the router hears of it (the proxy's end, with the
+// answer's usage), and the client moves on.
+func (s *sim) answer(r *Request, aborted bool) {
+	r.Done = s.now
+	if aborted {
+		r.Aborted = true
+		r.FirstToken = 0
+		s.router.Done(s.now, r, r.Engine, Usage{Aborted: true})
+	} else {
+		s.router.Done(s.now, r, r.Engine, Usage{PromptTokens: r.Tokens, CachedTokens: r.Cached, CompletionTokens: r.Output, FirstToken: r.engineFirst})
+	}
+	s.finish(r)
+}
+
+func boolInt(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// delay is d with request id's draw k of the transit's jitter (plus one of Transit.Extra, else
+// times a lognormal factor of median 1 and log deviation Transit.Sigma, at most 50), the same
+// for every policy of a run's seed.
+func (s *sim) delay(d time.Duration, id, k int) time.Duration {
+	t := s.sc.Transit
+	if d <= 0 || t.Sigma <= 0 && len(t.Extra) == 0 {
+		return d
+	}
+	r := rng{s: splitmix(s.seed ^ splitmix(uint64(id)<<2|uint64(k)) ^ 0x7472616e73697421)}
+	if n := len(t.Extra); n > 0 {
+		return d + t.Extra[r.intn(n)]
+	}
+	return time.Duration(float64(d) * min(50, math.Exp(t.Sigma*r.normal())))
 }
 
 // finish moves r's client on and offers the router's waiting requests again.

@@ -57,6 +57,9 @@ type Request struct {
 	Cached     int           // prompt tokens the engine found cached
 	Aborted    bool          // the engine dropped it (a restart)
 	Shed       bool          // the router refused it
+
+	engineFirst time.Duration // the first token at the engine (FirstToken is the client's)
+	engineDone  time.Duration // the last token at the engine (Done is the client's)
 }
 
 // call is one request of a session before it is run.

@@ -16,7 +16,8 @@ import (
 //
 // Steps end at their nominal times, not when the goroutine happens to wake: a late wake-up
 // does not lengthen the engine's steps (the steps due are run at once, as the simulator would
-// have run them), so that the engine's figures (prefill and decode time) are the model's, not
+// have run them, and a request that arrives while the goroutine is late first ends the steps
+// due before it), so that the engine's figures (prefill and decode time) are the model's, not
 // the host's scheduling jitter. A step is never ended before the last submission, so that no
 // request is admitted before it arrived.
 type realtime struct {
@@ -49,6 +50,7 @@ type pending struct {
 	cached    int
 	firstSent bool // first is closed (the stepping side's own record)
 	firstAt   time.Duration
+	doneAt    time.Duration // set before done is closed at the last token
 }
 
 func newRealtime(cfg engine.Config) *realtime {
@@ -80,6 +82,10 @@ func (d *realtime) submit(p Prompt, output int, remote, stream bool, arrived tim
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	now := d.now()
+	// The steps that ended before the arrival end now, at their nominal times, before the
+	// request joins: a stepping goroutine that wakes late must not stretch a step to the
+	// arrival (a loaded host's lateness is not the engine's time).
+	d.catchUp(now)
 	d.pending[&pd.req] = pd
 	d.lastSubmit = max(d.lastSubmit, now)
 	d.eng.Submit(&pd.req, now)
@@ -105,11 +111,7 @@ func (d *realtime) loop() {
 	defer timer.Stop()
 	for {
 		d.mu.Lock()
-		for d.eng.Busy() && d.eng.StepEnd() <= d.now() {
-			at := max(d.eng.StepEnd(), d.lastSubmit)
-			evs, _ := d.eng.Advance(at)
-			d.dispatch(evs, at)
-		}
+		d.catchUp(d.now())
 		if !d.eng.Busy() {
 			d.looping = false
 			d.mu.Unlock()
@@ -122,6 +124,16 @@ func (d *realtime) loop() {
 		case <-timer.C:
 		case <-d.wake:
 		}
+	}
+}
+
+// catchUp ends the steps due by now, each at its nominal end (never before the last
+// submission: no request is admitted before it arrived). d.mu held.
+func (d *realtime) catchUp(now time.Duration) {
+	for d.eng.Busy() && d.eng.StepEnd() <= now {
+		at := max(d.eng.StepEnd(), d.lastSubmit)
+		evs, _ := d.eng.Advance(at)
+		d.dispatch(evs, at)
 	}
 }
 
@@ -143,6 +155,7 @@ func (d *realtime) dispatch(evs []engine.Event, at time.Duration) {
 			close(pd.first)
 		case engine.Finished:
 			d.decodeTime.observe(at - pd.firstAt)
+			pd.doneAt = at
 			pd.gen.Store(int64(pd.req.Output))
 			delete(d.pending, ev.Req)
 			close(pd.done)

@@ -34,6 +34,8 @@ type Server struct {
 	startNanos atomic.Int64
 	// advertise is the host:port a prefill worker names in its transfer parameters.
 	advertise string
+	// observer sees the requests (Observe); nil: none.
+	observer atomic.Pointer[Observer]
 }
 
 // New returns a worker simulating cfg (zero fields take the defaults).
@@ -198,7 +200,11 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, j job) {
 		}
 	}
 	ctx := r.Context()
-	var pd *pending
+	var (
+		pd  *pending
+		obs Observer // sees this request (aggregated workers only)
+		id  string
+	)
 	if s.cfg.Protocol == ProtocolSGLang && s.cfg.Role != RoleAggregated {
 		if err := s.checkSGLang(j); err != nil {
 			s.cfg.Transfers.Refused.Add(1)
@@ -286,11 +292,20 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, j job) {
 		s.requests.Add(1)
 		return
 	default:
+		if o := s.observer.Load(); o != nil {
+			obs = *o
+			a := s.arrival(r, p, j.maxTokens, arrived)
+			id = a.ID
+			obs.Arrived(s, a)
+		}
 		pd = s.eng.submit(p, j.maxTokens, false, j.stream, arrived)
 	}
 	if !s.eng.wait(ctx, pd, pd.first) {
 		s.aborted(w, ctx)
 		return
+	}
+	if obs != nil {
+		obs.FirstToken(id, s.eng.origin.Add(pd.firstAt), pd.cached)
 	}
 	usage := Usage{
 		PromptTokens:        p.Tokens,
@@ -321,6 +336,9 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, j job) {
 	}
 	if ok {
 		s.requests.Add(1)
+		if obs != nil {
+			obs.Finished(id, s.eng.origin.Add(pd.doneAt), time.Now())
+		}
 	}
 }
 

@@ -71,6 +71,7 @@ func (r *runner) do(ctx context.Context, rec *Record, c workload.Call, body []by
 	rec.Status = resp.StatusCode
 	rec.Worker = resp.Header.Get(llmsim.HeaderWorker)
 	rec.Replica = resp.Header.Get(HeaderReplica)
+	rec.RequestID = resp.Header.Get(llmsim.HeaderRequestID)
 	if resp.StatusCode < 200 || resp.StatusCode > 299 {
 		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 300))
 		rec.Error = fmt.Sprintf("HTTP %d: %s", resp.StatusCode, strings.TrimSpace(string(msg)))

@@ -13,8 +13,9 @@ type Record struct {
 	Seq              int     `json:"seq"` // send order
 	Session          string  `json:"session"`
 	Turn             int     `json:"turn"`
-	Worker           string  `json:"worker,omitempty"`  // from the X-Kvsim-Worker header
-	Replica          string  `json:"replica,omitempty"` // from the X-Kvroute-Replica header (a front's)
+	Worker           string  `json:"worker,omitempty"`     // from the X-Kvsim-Worker header
+	Replica          string  `json:"replica,omitempty"`    // from the X-Kvroute-Replica header (a front's)
+	RequestID        string  `json:"request_id,omitempty"` // from the X-Request-Id header (the demo's -diagnose)
 	Status           int     `json:"status,omitempty"`
 	Error            string  `json:"error,omitempty"`
 	StartMs          float64 `json:"start_ms"` // from the start of the replay

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"math"
 	"os"
@@ -27,6 +28,10 @@ type bench struct {
 	ownChars float64
 	// onDone, when set, hears each call of a run end (compare's progress).
 	onDone func(done, total int)
+	// arr sees the requests arrive at the workers (-diagnose; nil: off), and trace gets its
+	// records (-decisions; nil: none).
+	arr   *arrivals
+	trace *json.Encoder
 }
 
 // progressEvery is how often a run that lasts prints how far it got: the Ollama fleet's runs
@@ -40,10 +45,11 @@ func (b *bench) runOnce(ctx context.Context, p policy) (*replay.Result, error) {
 		return nil, err
 	}
 	var (
-		url   string
-		stop  func() error
-		g     *group
-		admin int // a single replica's admin port
+		url       string
+		stop      func() error
+		g         *group
+		admin     int    // a single replica's admin port
+		traceFile string // its decision trace (-diagnose)
 	)
 	if p.Replicas > 0 {
 		var err error
@@ -57,7 +63,7 @@ func (b *bench) runOnce(ctx context.Context, p policy) (*replay.Result, error) {
 			return nil, err
 		}
 		url, stop = caddy.URL, caddy.Stop
-		admin = port
+		admin, traceFile = port, caddy.TraceFile
 	}
 	opts := b.cfg.replayOptions(url, b.fleet.CapacityBlocks(), b.fleet.BlockTokens())
 	opts.Prompt = b.fleet.Prompt()
@@ -96,6 +102,10 @@ func (b *bench) runOnce(ctx context.Context, p policy) (*replay.Result, error) {
 		stopSampler = sampleExternal(ctx, admin, 250*time.Millisecond)
 	}
 	side := startSideLoad(ctx, b.fleet.Addrs()[0], b.cfg.sideLoad)
+	if b.arr != nil {
+		b.arr.take() // what came before (the walkthrough, health checks) is not this run's
+	}
+	replayStart := time.Now()
 	res, err := replay.Run(ctx, b.workload, opts)
 	side.stop()
 	var external *externalSampler
@@ -175,6 +185,20 @@ func (b *bench) runOnce(ctx context.Context, p policy) (*replay.Result, error) {
 			fmt.Printf("%s\n  ", extra.feedback)
 		} else {
 			fmt.Fprintln(os.Stderr, "warning: reading llm_feedback's figures:", serr)
+		}
+	}
+	if err == nil && b.arr != nil {
+		arr := b.arr.take()
+		var tr map[string]*traceLine
+		if traceFile != "" {
+			if tr, err = readTrace(traceFile); err != nil {
+				err = fmt.Errorf("reading the decision trace: %w", err)
+			}
+		}
+		if err == nil {
+			fmt.Println()
+			err = diagnoseRun(os.Stdout, p.Name+p.Suffix, decisionRecords(arr, res.Records, tr, replayStart, b.fleet.Addrs()), b.trace)
+			fmt.Print("  ")
 		}
 	}
 	if res != nil && b.extras != nil {
@@ -265,7 +289,8 @@ func (b *bench) startCaddyPorts(ctx context.Context, p policy, ports []int) (*ca
 		}
 		p.Block = append(slices.Clone(p.Block), upstreamLines(f.Addrs(), perWorker, b.cfg.energy)...)
 	}
-	s := site{AdminPort: ports[0], Port: ports[1], Upstreams: b.fleet.Addrs(), Policy: p}
+	s := site{AdminPort: ports[0], Port: ports[1], Upstreams: b.fleet.Addrs(), Policy: p,
+		RequestID: b.cfg.diagnose, Trace: b.cfg.diagnose && p.Module == "kv_cache_aware"}
 	c, err := startCaddy(ctx, b.bin, s, b.cfg.verbose)
 	return c, ports[0], err
 }

@@ -98,6 +98,10 @@ type config struct {
 	keepRecords  bool // every run keeps its records (the flow workloads split them by class)
 	maxInFlight  int  // open loop: calls in flight at most (0: the replay's 256)
 
+	// -diagnose: every decision seen both ways (diagnose.go); diagTrace: where its records go.
+	diagnose  bool
+	diagTrace string
+
 	jsonPath string
 	report   string
 	llmdBin  string
@@ -170,6 +174,8 @@ func parseFlags(args []string) (*config, error) {
 	fs.DurationVar(&cfg.outage, "nats-outage", 0, "replicas: also run kv_cache_aware with the cluster's NATS stopped for this long mid-run (0: not)")
 	fs.DurationVar(&cfg.outageAt, "nats-outage-at", 3*time.Second, "replicas: when, after the replay starts, NATS is stopped")
 	fs.DurationVar(&cfg.late, "late-replica", 0, "replicas: also run kv_cache_aware with the cluster and the last replica started this long after the replay starts (the front lists it from the start and skips it until it listens); prints its catch-up time and its hit ratio against the others' (0: not)")
+	fs.BoolVar(&cfg.diagnose, "diagnose", false, "sim fleet: after each run, the fleet simulator's -diagnose table for it: every request as it arrived at its worker (what each worker's engine held, the greedy oracle's TTFT there) against, for kv_cache_aware, what the router believed when it chose (its decision trace, kv_cache_aware's debug log), joined by Caddy's request id (X-Request-Id); and the TTFT spent outside the engine")
+	fs.StringVar(&cfg.diagTrace, "decisions", "", "with -diagnose: write every decision to this file, one JSON object a line (fleetsim.DecisionRecord, as fleetsim -diagnose -decisions writes them)")
 	fs.StringVar(&cfg.jsonPath, "json", "", "write machine-readable results to this file")
 	fs.StringVar(&cfg.report, "report", "demo-report.html", "write the HTML report to this file (empty: none)")
 	fs.StringVar(&cfg.llmdBin, "llmd-bin", "", "llmd fleet: llm-d-inference-sim binary (default: examples/llmdsim/bin/llm-d-inference-sim, built when missing)")
@@ -236,6 +242,15 @@ func (c *config) finish() error {
 	}
 	if c.late < 0 || (c.late > 0 && c.replicas < 2) {
 		return errors.New("-late-replica needs -replicas 2 or more")
+	}
+	if c.diagnose && c.fleet != "sim" {
+		return errors.New("-diagnose reads what the engines held from the sim fleet's workers: -fleet sim")
+	}
+	if c.diagTrace != "" && !c.diagnose {
+		return errors.New("-decisions writes -diagnose's records: give -diagnose")
+	}
+	if c.diagnose {
+		c.keepRecords = true // each record's TTFT at the client
 	}
 	if c.overheadClients < 1 || c.overheadRounds < 1 || c.overheadDuration <= 0 {
 		return errors.New("-overhead-clients, -overhead-rounds and -overhead-duration must be positive")

@@ -22,6 +22,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -91,6 +92,17 @@ func run(ctx context.Context, cfg *config) error {
 		}
 		defer fl.Close()
 		b := &bench{cfg: cfg, bin: bin, fleet: fl, workload: w}
+		if cfg.diagnose {
+			b.arr = newArrivals(fl.(*simFleet).Workers)
+			if cfg.diagTrace != "" {
+				f, err := os.Create(cfg.diagTrace)
+				if err != nil {
+					return err
+				}
+				defer f.Close()
+				b.trace = json.NewEncoder(f)
+			}
+		}
 		fmt.Printf("fleet: %d %s workers at %v, %d KV blocks of %d tokens each (fleet %d)\n",
 			len(fl.Addrs()), fl.Kind(), fl.Addrs(), fl.CapacityBlocks()/len(fl.Addrs()),
 			fl.BlockTokens(), fl.CapacityBlocks())
@@ -127,6 +139,7 @@ func run(ctx context.Context, cfg *config) error {
 			printEnergy(os.Stdout, results, cfg)
 			printLearned(os.Stdout, results, b.extras, cfg, b.fleetCharsPerToken())
 			pairedRatios(os.Stdout, results, b.extras)
+			twinRatios(os.Stdout, results)
 			feedbackRatios(os.Stdout, results, b.extras)
 		}
 	}

@@ -15,6 +15,7 @@
 package main
 
 import (
+	"bufio"
 	"encoding/json"
 	"flag"
 	"fmt"
@@ -34,8 +35,34 @@ func main() {
 	speed := flag.Float64("mooncake-speed", 10, "mooncake: the engines' speed (the demo's -speed; step times divided by it), and for the open-loop scenario the time scale's inverse")
 	closedN := flag.Int("mooncake-closed-requests", 1000, "demo-mooncake-closed-16-4slots: the trace's first N requests (the demo's -limit)")
 	convN := flag.Int("conversation-requests", 1000, "demo-conversation-closed-16-4slots: the look-alike's first N requests (the demo's -limit)")
+	decisions := flag.String("decisions", "", "write every decision of each policy's seed-1 run to this file, one JSON object a line (fleetsim.DecisionRecord: the same records as the demo's -diagnose -decisions), and print each run's diagnosis (fleetsim -diagnose's table)")
 	only := flag.String("only", "", "run only this scenario: demo-chat, demo-chat-slow, demo-mooncake-1000, demo-mooncake-closed-16-4slots or demo-conversation-closed-16-4slots")
+	transit := flag.Bool("transit", true, "model the request path outside the engines as the demo measures it on this machine (fleetsim.DemoTransit); false: every hop instant")
+	transitFrom := flag.String("transit-from", "", "fit the transit to a demo -diagnose -decisions file (fleetsim.FitTransit: the path outside the engines as measured in that series) instead of fleetsim.DemoTransit")
+	jitter := flag.String("jitter", "added", "with -transit-from: the jitter fitted, added (each delay its median plus a draw of what the series' delays added to theirs) or lognormal (times a lognormal factor of the series' spread)")
+	realtime := flag.String("realtime", "", "with -only: a demo -json file of the same scenario (-interleave -repeats N); print the simulator's same-run ratios against real time's and whether they agree (fleetsim.Agree)")
 	flag.Parse()
+	tr := fleetsim.DemoTransit
+	if *transitFrom != "" {
+		recs, err := readDecisions(*transitFrom)
+		if err == nil {
+			tr, err = fleetsim.FitTransit(recs)
+		}
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "demosim:", err)
+			os.Exit(1)
+		}
+		if *jitter == "lognormal" {
+			tr.Extra = nil
+		}
+	}
+	if *transit {
+		fmt.Printf("transit: %v\n", tr)
+	}
+	if *realtime != "" && *only == "" {
+		fmt.Fprintln(os.Stderr, "demosim: -realtime needs -only (the scenario the demo ran)")
+		os.Exit(2)
+	}
 	// The demo's sim fleet: llmsim's defaults.
 	chatEng := engine.Config{MaxNumSeqs: llmsim.DefaultSlots, MaxBatchTokens: llmsim.DefaultMaxBatchTokens, CapacityBlocks: *blocks,
 		StepFixed: llmsim.DefaultStepFixed, PerPrefillToken: llmsim.DefaultPrefillPerToken, PerSeq: llmsim.DefaultPerSeq}
@@ -68,12 +95,28 @@ func main() {
 		{*fleetsim.DemoMooncakeClosed(*speed, *closedN), 0},
 		{*fleetsim.DemoConversationClosed(*speed, *convN), 0},
 	}
+	var trace *json.Encoder
+	if *decisions != "" {
+		f, err := os.Create(*decisions)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "demosim:", err)
+			os.Exit(1)
+		}
+		defer f.Close()
+		trace = json.NewEncoder(f)
+	}
 	for _, s := range scs {
 		sc := s.sc
 		sc.CharsPerToken, sc.TelemetryInterval = llmsim.CharsPerToken, time.Second
 		if *only != "" && *only != sc.Name {
 			continue
 		}
+		sc.Transit = nil
+		if *transit {
+			t := tr
+			sc.Transit = &t
+		}
+		figures := map[string][]fleetsim.Round{}
 		b, err := fleetsim.Build(&sc, 0) // the demo's chat workload has seed 0
 		if err != nil {
 			fmt.Fprintln(os.Stderr, "demosim:", err)
@@ -82,7 +125,17 @@ func main() {
 		for _, p := range fleetsim.PoliciesWith(decide.DefaultRule) {
 			var fig [5][]float64 // hit, TTFT p50, p99, requests/s, imbalance by requests
 			for seed := uint64(1); seed <= 5; seed++ {
-				res := fleetsim.Run(&sc, b, seed, s.rate, p.New(seed))
+				var res *fleetsim.Result
+				if trace != nil && seed == 1 {
+					var recs []*fleetsim.DecisionRecord
+					res, recs = fleetsim.TraceRun(&sc, b, seed, s.rate, p)
+					if err := writeDecisions(trace, sc.Name, p.Name, recs); err != nil {
+						fmt.Fprintln(os.Stderr, "demosim:", err)
+						os.Exit(1)
+					}
+				} else {
+					res = fleetsim.Run(&sc, b, seed, s.rate, p.New(seed))
+				}
 				var m map[string]float64
 				js, _ := json.Marshal(fleetsim.Measure(res, time.Second))
 				json.Unmarshal(js, &m)
@@ -96,11 +149,111 @@ func main() {
 				for i, v := range []float64{m["hit_ratio"], m["ttft_p50_ms"], m["ttft_p99_ms"], m["throughput_rps"], float64(slices.Max(per)) / mean} {
 					fig[i] = append(fig[i], v)
 				}
+				figures[p.Name] = append(figures[p.Name], fleetsim.Round{P50: m["ttft_p50_ms"], P99: m["ttft_p99_ms"], RPS: m["throughput_rps"]})
 			}
 			fmt.Printf("%-20s %-15s hit %.3f  TTFT p50 %.1f ms  p99 %.0f ms  %.1f requests/s  imbalance (requests) %.2f\n",
 				sc.Name, p.Name, med(fig[0]), med(fig[1]), med(fig[2]), med(fig[3]), med(fig[4]))
 		}
+		fmt.Println("same-seed ratios (median, min-max) and the verdict on the medians:")
+		var sim []fleetsim.Ratios
+		for _, base := range twinBaselines {
+			r := fleetsim.CompareRounds(figures["kv_cache_aware"], figures[base.sim])
+			sim = append(sim, r)
+			fleetsim.WriteRatios(os.Stdout, "kv_cache_aware", base.sim, r)
+		}
+		if *realtime != "" {
+			if err := compareRealtime(*realtime, sim); err != nil {
+				fmt.Fprintln(os.Stderr, "demosim:", err)
+				os.Exit(1)
+			}
+		}
 	}
+}
+
+// readDecisions reads a -decisions file's records.
+func readDecisions(path string) ([]*fleetsim.DecisionRecord, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	var out []*fleetsim.DecisionRecord
+	sc := bufio.NewScanner(f)
+	sc.Buffer(nil, 16<<20)
+	for sc.Scan() {
+		r := new(fleetsim.DecisionRecord)
+		if err := json.Unmarshal(sc.Bytes(), r); err != nil {
+			return nil, fmt.Errorf("%s: %w", path, err)
+		}
+		out = append(out, r)
+	}
+	return out, sc.Err()
+}
+
+// twinBaselines are the pairs the twin is judged on: kv_cache_aware against each, by the
+// simulator's name and the demo's.
+var twinBaselines = []struct{ sim, demo string }{{"sglang", "sglang_cache_aware"}, {"least_conn", "least_conn"}}
+
+// compareRealtime reads a demo -json file and prints its same-run ratios against the
+// simulator's (sim, in twinBaselines' order) and whether they agree.
+func compareRealtime(path string, sim []fleetsim.Ratios) error {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return err
+	}
+	var out struct {
+		Policies []struct {
+			Policy string `json:"policy"`
+			Label  string `json:"lb_policy"`
+			Runs   []struct {
+				P50 float64 `json:"ttft_p50_ms"`
+				P99 float64 `json:"ttft_p99_ms"`
+				RPS float64 `json:"requests_per_second"`
+			} `json:"runs"`
+		} `json:"policies"`
+	}
+	if err := json.Unmarshal(b, &out); err != nil {
+		return fmt.Errorf("%s: %w", path, err)
+	}
+	runs := map[string][]fleetsim.Round{}
+	for _, p := range out.Policies {
+		if p.Label != p.Policy {
+			continue // a variant
+		}
+		for _, r := range p.Runs {
+			runs[p.Policy] = append(runs[p.Policy], fleetsim.Round{P50: r.P50, P99: r.P99, RPS: r.RPS})
+		}
+	}
+	fmt.Printf("against real time (%s), same-run ratios of medians of rounds, tolerance ±%.0f%%:\n", path, 100*fleetsim.AgreementTolerance)
+	for i, base := range twinBaselines {
+		kv, other := runs["kv_cache_aware"], runs[base.demo]
+		if len(kv) == 0 || len(other) == 0 {
+			return fmt.Errorf("%s: no runs of kv_cache_aware and %s", path, base.demo)
+		}
+		real := fleetsim.CompareRounds(kv, other)
+		fleetsim.WriteRatios(os.Stdout, "real: kv_cache_aware", base.demo, real)
+		a := fleetsim.Agree(sim[i], real)
+		a.PolicyName, a.Versus = "kv_cache_aware", base.demo
+		fleetsim.WriteAgreement(os.Stdout, a)
+	}
+	return nil
+}
+
+// writeDecisions prints a run's diagnosis and writes its records.
+func writeDecisions(trace *json.Encoder, scenario, policy string, recs []*fleetsim.DecisionRecord) error {
+	d := &fleetsim.KVDiagnosis{}
+	for _, r := range recs {
+		d.Add(r)
+		if err := trace.Encode(struct {
+			Scenario string `json:"scenario"`
+			Policy   string `json:"policy"`
+			*fleetsim.DecisionRecord
+		}{scenario, policy, r}); err != nil {
+			return err
+		}
+	}
+	d.Write(os.Stdout, scenario+" "+policy+" seed 1")
+	return nil
 }
 
 func fleet(n int, c engine.Config) []engine.Config {

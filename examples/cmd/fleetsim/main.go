@@ -10,6 +10,7 @@
 package main
 
 import (
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -43,6 +44,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	list := flags.Bool("list", false, "list the scenarios and exit")
 	slots := flags.Int("slots", 0, "with -diagnose: run every engine with this many batch slots (max_num_seqs) instead of the scenario's")
 	tune := flags.String("options", "", "change the decision's options of kvroute's policies (an experiment: -diagnose's and the card's), comma-separated: cache_threshold=X, balance_abs=N, balance_rel=X, on_imbalance=least_busy|prefix_in_band, fallback=joule|least_busy|round_robin|random, slot_rank=0|1, slot_move=0|1, speed_rank=0|1, full_stay=0|1; late binding: queue_timeout=SECONDS (0: off), hold_margin=N (hold when every engine runs its learned slots + N); kv_flow (the flow-control scenarios' policy): hold_margin, flow_spread=N (a request may go to an engine up to N beyond full)")
+	traceOut := flags.String("decisions", "", "with -diagnose: write every decision to this file, one JSON object a line (fleetsim.DecisionRecord: what the router believed of each engine, what was true there; the demo's -diagnose writes the same)")
 	diagnose := flags.Bool("diagnose", false, "instead of the card: diagnose kvroute's decisions (kv_thresholds, kv_cost) on the chosen scenarios and seeds: per decision path, how often a full engine was chosen while another was free")
 	requests := flags.Int("requests", 0, "cap every scenario's requests (a quick look; the card's figures are for the full counts)")
 	only := flags.String("policies", "", "run only the policies whose name matches this regular expression (with -compare's -base, a card of kvroute's policies alone can be judged)")
@@ -93,6 +95,16 @@ func run(args []string, stdout, stderr io.Writer) int {
 		if *scen != "" {
 			re = regexp.MustCompile(*scen)
 		}
+		var trace *json.Encoder
+		if *traceOut != "" {
+			f, err := os.Create(*traceOut)
+			if err != nil {
+				fmt.Fprintf(stderr, "fleetsim: %v\n", err)
+				return 1
+			}
+			defer f.Close()
+			trace = json.NewEncoder(f)
+		}
 		for _, sc := range fleetsim.Scenarios() {
 			if re != nil && !re.MatchString(sc.Name) {
 				continue
@@ -107,10 +119,25 @@ func run(args []string, stdout, stderr io.Writer) int {
 			}
 			for seed := 1; seed <= *seeds; seed++ {
 				for _, rule := range []decide.Rule{decide.Thresholds, decide.Cost} {
-					d, f, err := fleetsim.DiagnoseKV(sc, uint64(seed), rule, tuner)
+					var records []*fleetsim.DecisionRecord
+					d, f, err := fleetsim.DiagnoseKV(sc, uint64(seed), rule, tuner, &records)
 					if err != nil {
 						fmt.Fprintf(stderr, "fleetsim: %v\n", err)
 						return 1
+					}
+					for _, rec := range records {
+						if trace == nil {
+							break
+						}
+						if err := trace.Encode(struct {
+							Scenario string `json:"scenario"`
+							Seed     int    `json:"seed"`
+							Policy   string `json:"policy"`
+							*fleetsim.DecisionRecord
+						}{sc.Name, seed, "kv_" + fleetsim.RuleName(rule), rec}); err != nil {
+							fmt.Fprintf(stderr, "fleetsim: -decisions: %v\n", err)
+							return 1
+						}
 					}
 					d.Write(stdout, fmt.Sprintf("%s seed %d kv_%s (hit %v, ttft p50 %v ms, p99 %v ms, goodput %v)", sc.Name, seed, fleetsim.RuleName(rule), f.HitRatio, f.TTFTP50, f.TTFTP99, f.Goodput))
 				}
